@@ -1,0 +1,63 @@
+"""otel-rl: OpenTelemetry observability for RL / RLHF training of LLMs.
+
+Instrument a trainer once::
+
+    import otel_rl
+
+    with otel_rl.init(project="gsm8k", experiment="grpo-0", logger=["console", "file"]) as h:
+        for n in range(steps):
+            with otel_rl.step(n):
+                with otel_rl.timer("gen"):
+                    ...
+                otel_rl.log({"actor/pg_loss": loss}, step=n)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._handle import Handle, __version__, current, init
+from .config import Config, ConfigError
+from .exporters.base import Exporter
+from .exporters.registry import UnknownExporterError
+from .instrument import annotate, current_step, current_trajectory, generate, op, step, timer, tool, trajectory
+
+
+def log(data: Any, step: Any = None) -> None:
+    """`Handle.log` on the current pipeline (a warning, once, when there is none)."""
+    h = current()
+    if h is None:
+        from ._values import warn_once
+
+        warn_once("log-no-init", "otel-rl: log() called before otel_rl.init(); nothing recorded")
+        return
+    h.log(data, step)
+
+
+def log_generations(samples: Any, step: Any = None, limit: int | None = None) -> None:
+    h = current()
+    if h is not None:
+        h.log_generations(samples, step, limit)
+
+
+def select_samples(step: int | None, sample_indices: Any, validate: bool = False) -> set[int]:
+    h = current()
+    return set(sample_indices) if h is None else h.select_samples(step, sample_indices, validate)
+
+
+def flush(timeout_s: float = 30.0) -> bool:
+    h = current()
+    return True if h is None else h.flush(timeout_s)
+
+
+def shutdown() -> None:
+    h = current()
+    if h is not None:
+        h.shutdown()
+
+
+__all__ = [
+    "Config", "ConfigError", "Exporter", "Handle", "UnknownExporterError", "__version__", "annotate", "current",
+    "current_step", "current_trajectory", "flush", "generate", "init", "log", "log_generations", "op",
+    "select_samples", "shutdown", "step", "timer", "tool", "trajectory",
+]

@@ -1,0 +1,327 @@
+"""`init()` builds otel-rl's private providers and returns the `Handle`."""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from opentelemetry import trace as trace_api
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+from . import semconv as sc
+from ._instruments import Instruments, views
+from ._pipeline import GenerationsItem, LogItem, Pipeline, make_span_processor
+from ._runtime import RT, STEP
+from ._values import coerce_metrics, warn_once
+from .config import Config, resolve, scrub_secrets
+from .exporters import registry
+from .exporters.base import Exporter
+from .sampling import Sampler
+from .serialize import to_json
+
+_log = logging.getLogger("otel_rl")
+__version__ = "0.1.0"
+_atexit_registered = False
+_init_lock = threading.Lock()
+
+
+class Handle:
+    """A running otel-rl pipeline.  Use as a context manager or call `shutdown()`."""
+
+    def __init__(self, config: Config, exporters: list[Exporter], tokenizer: Any = None):
+        self.config = config
+        self.exporters = exporters
+        self._closed = False
+        self._lock = threading.Lock()
+        self._last_step = 0
+        cfg = config
+        self.tracing = bool(not cfg.disabled and (cfg.tracing if cfg.tracing is not None else
+                                                  any(e.wants_spans or e.wants_trajectories for e in exporters)))
+        attrs: dict[str, Any] = dict(cfg.resource_attributes)
+        attrs.update({
+            sc.SERVICE_NAME: cfg.service_name,
+            sc.RL_PROJECT_NAME: cfg.project,
+            sc.RL_EXPERIMENT_NAME: cfg.experiment,
+            sc.RL_RUN_ID: cfg.run_id,
+            sc.RL_WORKER_RANK: cfg.rank,
+        })
+        self.resource = Resource.create(attrs)
+        self.identity = {sc.RL_PROJECT_NAME: cfg.project, sc.RL_EXPERIMENT_NAME: cfg.experiment, sc.RL_RUN_ID: cfg.run_id}
+        readers = [r for e in exporters for r in e.metric_readers()]
+        self.meter_provider = MeterProvider(resource=self.resource, metric_readers=readers, views=views())
+        scope = InstrumentationScope("otel_rl", __version__)
+        self._pipeline: Pipeline | None = None
+        instruments = Instruments(self.meter_provider.get_meter("otel_rl", __version__), self.identity,
+                                  lambda: self._pipeline.queues if self._pipeline else [])
+        self._pipeline = Pipeline(cfg, self.resource, exporters, instruments, scope)
+        self.tracer_provider = TracerProvider(resource=self.resource)
+        self.tracer_provider.add_span_processor(make_span_processor(self._pipeline))
+        self.tracer = self.tracer_provider.get_tracer("otel_rl", __version__)
+        self.sampler = Sampler(cfg.run_id, cfg.max_samples)
+        self.tokenizer = tokenizer
+        self._emit_run_start()
+
+    # -- identity ------------------------------------------------------------------
+    @property
+    def run_id(self) -> str:
+        return self.config.run_id
+
+    def worker_env(self) -> dict[str, str]:
+        """Environment for worker processes so they join this run (same run id, own rank)."""
+        c = self.config
+        env = {sc.ENV_RUN_ID: c.run_id, "OTEL_RL_PROJECT": c.project, "OTEL_RL_EXPERIMENT": c.experiment,
+               "OTEL_RL_EXPORTERS": ",".join(c.exporters)}
+        if c.trace_backend:
+            env["OTEL_RL_TRACE_BACKEND"] = c.trace_backend
+        if c.max_samples is not None:
+            env["OTEL_RL_MAX_SAMPLES"] = str(c.max_samples)
+        if c.token2text:
+            env["OTEL_RL_TOKEN2TEXT"] = "true"
+        return env
+
+    def _emit_run_start(self) -> None:
+        text, _ = to_json(scrub_secrets(self.config.verl_config), 1 << 20)
+        span = self.tracer.start_span(sc.SPAN_RUN, context=trace_api.set_span_in_context(trace_api.INVALID_SPAN),
+                                      attributes={sc.RL_RUN_CONFIG: text, sc.RL_SPAN_KIND: sc.KIND_METRICS})
+        span.end()
+
+    # -- logging ---------------------------------------------------------------------
+    def log(self, data: Any, step: Any = None) -> None:
+        """Record `data` (metric name -> scalar) at training step `step`.
+
+        Never raises for bad values: non-scalars are skipped with one warning per
+        key; a step that is not an integer is replaced by the current step (or
+        the last one logged) with a warning.
+        """
+        if self._closed:
+            warn_once("log-after-shutdown", "otel-rl: log() after shutdown; nothing recorded")
+            return
+        st = STEP.get()
+        n = self._coerce_step(step, st)
+        try:
+            values, skipped = coerce_metrics(data)
+        except TypeError as exc:
+            warn_once(f"log-type:{type(data).__name__}", "otel-rl: %s; nothing recorded", exc)
+            return
+        for k in skipped:
+            v = data.get(k) if hasattr(data, "get") else None
+            warn_once(f"skip:{k}", "otel-rl: metric %r has a non-scalar value of type %s; skipped "
+                      "(log numbers, numpy scalars or 0-d tensors)", k, type(v).__name__)
+        if not values:
+            return
+        self._pipeline.submit(LogItem(n, values, time.time_ns(),
+                                      st.span_context if st is not None else None))
+
+    def _coerce_step(self, step: Any, st: Any) -> int:
+        if step is None:
+            n = st.n if st is not None else self._last_step
+        else:
+            try:
+                n = int(step)
+                if isinstance(step, float) and n != step or isinstance(step, (str, bytes)):
+                    raise ValueError
+            except (TypeError, ValueError):
+                fallback = st.n if st is not None else self._last_step
+                warn_once(f"bad-step:{type(step).__name__}", "otel-rl: step %r is not an integer; using step %d",
+                          step, fallback)
+                n = fallback
+        self._last_step = n
+        return n
+
+    def log_generations(self, samples: Iterable[Sequence[Any]], step: Any = None, limit: int | None = None) -> None:
+        """Validation generations: rows of (input, output, score) as verl builds them."""
+        if self._closed:
+            return
+        n = self._coerce_step(step, STEP.get())
+        if limit is None and self.config.log_val_generations > 0:
+            limit = self.config.log_val_generations
+        rows = []
+        for i, sample in enumerate(samples):
+            if limit is not None and i >= limit:
+                break
+            try:
+                inp, out, score = (list(sample) + [None, None, None])[:3]
+            except TypeError:
+                warn_once("gen-row", "otel-rl: a generation sample is not a sequence (input, output, score); skipped")
+                continue
+            try:
+                score_f = float(score) if score is not None else float("nan")
+            except (TypeError, ValueError):
+                score_f = float("nan")
+            rows.append(("" if inp is None else str(inp), "" if out is None else str(out), score_f))
+        if rows:
+            self._pipeline.submit(GenerationsItem(n, rows, time.time_ns()))
+
+    def select_samples(self, step: int | None, sample_indices: Iterable[int], validate: bool = False) -> set[int]:
+        """Register a step's candidate samples; returns the ones that will be traced."""
+        return self.sampler.select(step, sample_indices, validate)
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        p = self._pipeline
+        return {"pipeline_dropped": p.dropped if p else 0,
+                "exporters": {q.name: q.stats.as_dict() for q in (p.queues if p else [])}}
+
+    def flush(self, timeout_s: float = 30.0) -> bool:
+        if self._closed:
+            return True
+        deadline = time.monotonic() + timeout_s
+        ok = self._pipeline.flush(timeout_s)
+        for e in self.exporters:
+            try:
+                e.flush(max(0.1, deadline - time.monotonic()))
+            except Exception as exc:
+                warn_once(f"flush:{e.name}", "otel-rl: exporter %r flush failed: %s", e.name, exc)
+        try:
+            self.meter_provider.force_flush(int(max(0.1, deadline - time.monotonic()) * 1000))
+        except Exception:
+            pass
+        return ok
+
+    def shutdown(self, timeout_s: float = 30.0) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        if RT.handle is self:
+            RT.reset()
+        self._pipeline.shutdown(timeout_s)
+        for e in self.exporters:
+            try:
+                e.flush(timeout_s)
+            except Exception:
+                pass
+        try:
+            self.meter_provider.shutdown()
+        except Exception:
+            pass
+        for e in self.exporters:
+            try:
+                e.shutdown()
+            except Exception as exc:
+                warn_once(f"shutdown:{e.name}", "otel-rl: exporter %r shutdown failed: %s", e.name, exc)
+        try:
+            self.tracer_provider.shutdown()
+        except Exception:
+            pass
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self) -> Handle:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()
+
+
+def _build_exporters(cfg: Config, given: Sequence[Exporter]) -> list[Exporter]:
+    if cfg.disabled:
+        return []
+    out: list[Exporter] = []
+    seen = set()
+    for name in cfg.exporter_names():
+        canonical = "wandb" if name == "tracking" else name
+        if name == "tracking":
+            warn_once("tracking-deprecated", "otel-rl: the 'tracking' logger is deprecated; use 'wandb'")
+        if canonical in seen:
+            continue
+        seen.add(canonical)
+        out.append(registry.create(canonical, cfg))
+    for e in given:
+        if not e.name:
+            e.name = type(e).__name__
+        out.append(e)
+    if cfg.trace_backend:
+        for e in out:
+            # only the trace backend receives trajectories among the trackers (verl semantics)
+            if e.name != cfg.trace_backend and getattr(e, "trajectories_only_as_backend", False):
+                e.wants_trajectories = False
+    return out
+
+
+class _ForwardingTracerProvider(trace_api.TracerProvider):
+    """Installed as the global provider (once): forwards to the current handle's provider."""
+
+    def get_tracer(self, *args: Any, **kwargs: Any) -> trace_api.Tracer:
+        h = RT.handle
+        if h is None:
+            return trace_api.NoOpTracer()
+        return h.tracer_provider.get_tracer(*args, **kwargs)
+
+
+_forwarding = _ForwardingTracerProvider()
+
+
+def _maybe_set_global(cfg: Config) -> None:
+    current = trace_api.get_tracer_provider()
+    if current is _forwarding:
+        return
+    if isinstance(current, trace_api.ProxyTracerProvider) or cfg.set_global_provider:
+        if not isinstance(current, trace_api.ProxyTracerProvider):
+            _log.warning("otel-rl: a global TracerProvider is already set; otel-rl keeps its own private provider")
+            return
+        trace_api.set_tracer_provider(_forwarding)
+
+
+def init(config: Any = None, *, overrides: Sequence[str] | None = None, tokenizer: Any = None,
+         exporters: Any = None, **kwargs: Any) -> Handle:
+    """Start otel-rl.  Precedence: keyword arguments > `config` (+ `overrides`) > environment > defaults.
+
+    `config` is a verl-shaped dict / DictConfig or a list of dotlist overrides.
+    `exporters` (alias `logger`) takes names and/or `Exporter` instances.
+    Returns the `Handle`; it becomes the current one used by `otel_rl.log()`
+    and the decorators.  A previous handle is shut down first.
+    """
+    global _atexit_registered
+    given: list[Exporter] = []
+    if "logger" in kwargs and exporters is None:
+        exporters = kwargs.pop("logger")
+    if exporters is not None:
+        names = []
+        for e in [exporters] if isinstance(exporters, (str, Exporter)) else list(exporters):
+            (given if isinstance(e, Exporter) else names).append(e)
+        if names or not given:
+            kwargs["exporters"] = names
+        elif given:
+            kwargs["exporters"] = []
+    cfg = resolve(config, overrides, **kwargs)
+    built = _build_exporters(cfg, given)  # raises for unknown names before anything starts
+    with _init_lock:
+        if RT.handle is not None:
+            _log.warning("otel-rl: init() called again; shutting down the previous pipeline")
+            RT.handle.shutdown()
+        handle = Handle(cfg, built, tokenizer)
+        RT.handle = handle
+        RT.tracer = handle.tracer
+        RT.tracing = handle.tracing
+        RT.pipeline = handle._pipeline
+        RT.sampler = handle.sampler
+        RT.max_chars = cfg.max_value_chars
+        RT.token2text = cfg.token2text
+        RT.tokenizer = tokenizer
+        RT.experiment = cfg.experiment
+        if not _atexit_registered:
+            atexit.register(_shutdown_current)
+            _atexit_registered = True
+    if not cfg.disabled:
+        _maybe_set_global(cfg)
+    return handle
+
+
+def _shutdown_current() -> None:
+    h = RT.handle
+    if h is not None:
+        h.shutdown(10.0)
+
+
+def current() -> Handle | None:
+    return RT.handle

@@ -1,0 +1,117 @@
+"""token2text: decode `prompt_ids` / `response_ids` of op outputs in the export thread.
+
+The op wrapper (caller thread) only stores a reference to the tokenizer and a
+copy of the id lists in `pending[span_id]`; here the ids of a whole batch are
+decoded with one `batch_decode` call per tokenizer, and the op's output JSON
+gains `prompt_text` / `response_text`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from opentelemetry.sdk.trace import ReadableSpan
+
+from . import semconv as sc
+from ._values import warn_once
+from .serialize import to_json
+
+_log = logging.getLogger("otel_rl")
+
+
+def extract_ids(output: Any) -> tuple[Any, Any] | None:
+    """(prompt_ids, response_ids) from a dict or an object, or None."""
+    if isinstance(output, dict):
+        p, r = output.get(sc.PROMPT_IDS), output.get(sc.RESPONSE_IDS)
+    else:
+        p, r = getattr(output, sc.PROMPT_IDS, None), getattr(output, sc.RESPONSE_IDS, None)
+    if p is None and r is None:
+        return None
+    return _snapshot(p), _snapshot(r)
+
+
+def _snapshot(ids: Any) -> Any:
+    if ids is None:
+        return None
+    if isinstance(ids, list):
+        return list(ids)  # the caller may keep appending to its list
+    return ids  # tensors / arrays / tuples: converted in the export thread
+
+
+def _as_list(ids: Any) -> list[int]:
+    if hasattr(ids, "tolist"):
+        ids = ids.tolist()
+    return [int(i) for i in ids]
+
+
+def _decode_all(tokenizer: Any, seqs: list[list[int]]) -> list[str]:
+    batch = getattr(tokenizer, "batch_decode", None)
+    if callable(batch):
+        try:
+            return list(batch(seqs, skip_special_tokens=True))
+        except TypeError:
+            return list(batch(seqs))
+    return [str(tokenizer.decode(s)) for s in seqs]
+
+
+def decode_spans(spans: list, pending: dict[int, tuple], max_chars: int) -> list:
+    jobs = []  # (index in spans, tokenizer, prompt_ids, response_ids)
+    for i, span in enumerate(spans):
+        entry = pending.pop(span.context.span_id, None) if isinstance(span, ReadableSpan) else None
+        if entry is not None:
+            jobs.append((i, *entry))
+    if not jobs:
+        return spans
+    by_tok: dict[int, tuple[Any, list]] = {}
+    for job in jobs:
+        by_tok.setdefault(id(job[1]), (job[1], []))[1].append(job)
+    out = list(spans)
+    for tokenizer, tok_jobs in by_tok.values():
+        seqs, where = [], []
+        for j, (idx, _tok, p, r) in enumerate(tok_jobs):
+            for field, ids in ((sc.PROMPT_TEXT, p), (sc.RESPONSE_TEXT, r)):
+                if ids is not None:
+                    try:
+                        seqs.append(_as_list(ids))
+                        where.append((idx, field))
+                    except Exception:
+                        pass
+        try:
+            texts = _decode_all(tokenizer, seqs) if seqs else []
+        except Exception as exc:
+            warn_once(f"token2text:{type(exc).__name__}", "otel-rl: token2text decoding failed (%s: %s)",
+                      type(exc).__name__, exc)
+            continue
+        decoded: dict[int, dict[str, str]] = {}
+        for (idx, field), text in zip(where, texts):
+            decoded.setdefault(idx, {})[field] = text
+        for idx, fields in decoded.items():
+            out[idx] = _with_texts(out[idx], fields, max_chars)
+    return out
+
+
+def _with_texts(span: ReadableSpan, fields: dict[str, str], max_chars: int) -> ReadableSpan:
+    attrs = dict(span.attributes or {})
+    raw = attrs.get(sc.RL_OP_OUTPUT)
+    merged = False
+    if isinstance(raw, str):
+        try:
+            obj = json.loads(raw)
+        except ValueError:
+            obj = None
+        if isinstance(obj, dict):
+            obj.update(fields)
+            text, truncated = to_json(obj, max_chars)
+            attrs[sc.RL_OP_OUTPUT] = text
+            if truncated:
+                attrs[sc.RL_TRUNCATED] = True
+            merged = True
+    if not merged:
+        for k, v in fields.items():
+            attrs[k] = v[:max_chars]
+    return ReadableSpan(span.name, context=span.context, parent=span.parent, resource=span.resource,
+                        attributes=attrs, events=span.events, links=span.links, kind=span.kind,
+                        status=span.status, start_time=span.start_time, end_time=span.end_time,
+                        instrumentation_scope=span.instrumentation_scope)

@@ -1,0 +1,45 @@
+"""The ``otel-rl`` command."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+
+from . import __version__
+from .config import ConfigError, resolve, scrub_secrets
+from .exporters import registry
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="otel-rl", description="OpenTelemetry observability for RL training")
+    sub = parser.add_subparsers(dest="cmd")
+    sub.add_parser("version", help="print the version")
+    sub.add_parser("exporters", help="list the installed exporter names")
+    p_cfg = sub.add_parser("config", help="print the resolved configuration (arguments > config > env > defaults)")
+    p_cfg.add_argument("overrides", nargs="*", help="verl-style dotlist overrides, e.g. trainer.logger='[console,file]'")
+    args = parser.parse_args(argv)
+    if args.cmd == "version":
+        print(__version__)
+        return 0
+    if args.cmd == "exporters":
+        for name in registry.installed_names():
+            print(name)
+        return 0
+    if args.cmd == "config":
+        try:
+            cfg = resolve(args.overrides)
+        except ConfigError as exc:
+            print(f"otel-rl: {exc}", file=sys.stderr)
+            return 2
+        out = dataclasses.asdict(cfg)
+        out["verl_config"] = scrub_secrets(out["verl_config"])
+        print(json.dumps(out, indent=2, default=str))
+        return 0
+    parser.print_help()
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,409 @@
+"""Configuration: keyword arguments > verl-shaped config > environment > defaults.
+
+A verl-shaped config is a dict, an OmegaConf DictConfig, or a list of
+verl/Hydra dotlist overrides (``trainer.logger='["console","mlflow"]'``).  The
+keys read from it are listed in `VERL_KEYS`; an ``otel_rl:`` section may set any
+field of `Config` by its own name.  Environment variables are the OpenTelemetry
+standard ones (``OTEL_SERVICE_NAME``, ``OTEL_RESOURCE_ATTRIBUTES``,
+``OTEL_SDK_DISABLED``, ``OTEL_EXPORTER_OTLP_*``, ``OTEL_EXPORTER_PROMETHEUS_*``)
+and ``OTEL_RL_*`` for ours (see docs/configuration.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from . import semconv
+
+# verl config path -> Config field
+VERL_KEYS: dict[str, str] = {
+    "trainer.project_name": "project",
+    "trainer.experiment_name": "experiment",
+    "trainer.logger": "exporters",
+    "trainer.log_val_generations": "log_val_generations",
+    "actor_rollout_ref.rollout.trace.backend": "trace_backend",
+    "actor_rollout_ref.rollout.trace.token2text": "token2text",
+    "actor_rollout_ref.rollout.trace.max_samples_per_step_per_worker": "max_samples",
+    "actor_rollout_ref.rollout.trace.max_samples": "max_samples",
+}
+
+SECRET_KEY_RE = re.compile(r"(api[_-]?key|token|secret|password|passwd|credential|auth)", re.I)
+REDACTED = "***"
+
+
+@dataclasses.dataclass
+class Config:
+    """Resolved settings of one otel-rl pipeline.  Field docs in docs/configuration.md."""
+
+    project: str = "otel_rl"
+    experiment: str = "default"
+    run_id: str = ""
+    rank: int = 0
+    service_name: str = "otel-rl"
+    exporters: tuple[str, ...] = ("console",)
+    trace_backend: str | None = None
+    token2text: bool = False
+    max_samples: int | None = None
+    log_val_generations: int = 0
+    tracing: bool | None = None  # None: on when an exporter consumes spans or trajectories
+    jsonl_path: str | None = None
+    prometheus_host: str = "127.0.0.1"
+    prometheus_port: int = 9464
+    otlp_endpoint: str | None = None
+    otlp_protocol: str | None = None
+    otlp_headers: str | None = None
+    max_value_chars: int = 256 * 1024
+    batch_delay_s: float = 0.2
+    queue_size: int = 100_000
+    set_global_provider: bool = False
+    disabled: bool = False
+    resource_attributes: dict[str, Any] = dataclasses.field(default_factory=dict)
+    verl_config: dict[str, Any] = dataclasses.field(default_factory=dict)  # the full config, for run start
+
+    def exporter_names(self) -> list[str]:
+        names = list(self.exporters)
+        if self.trace_backend and self.trace_backend not in names:
+            names.append(self.trace_backend)
+        return names
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(Config)}
+
+# environment variable -> field (ours); OTEL standard ones are handled in _from_env
+ENV_KEYS: dict[str, str] = {
+    "OTEL_RL_PROJECT": "project",
+    "OTEL_RL_EXPERIMENT": "experiment",
+    semconv.ENV_RUN_ID: "run_id",
+    semconv.ENV_RANK: "rank",
+    "OTEL_RL_EXPORTERS": "exporters",
+    "OTEL_RL_TRACE_BACKEND": "trace_backend",
+    "OTEL_RL_TOKEN2TEXT": "token2text",
+    "OTEL_RL_MAX_SAMPLES": "max_samples",
+    "OTEL_RL_LOG_VAL_GENERATIONS": "log_val_generations",
+    "OTEL_RL_TRACING": "tracing",
+    "OTEL_RL_JSONL_PATH": "jsonl_path",
+    "OTEL_RL_MAX_VALUE_CHARS": "max_value_chars",
+    "OTEL_RL_BATCH_DELAY_S": "batch_delay_s",
+    "OTEL_RL_QUEUE_SIZE": "queue_size",
+    "OTEL_EXPORTER_PROMETHEUS_HOST": "prometheus_host",
+    "OTEL_EXPORTER_PROMETHEUS_PORT": "prometheus_port",
+}
+
+
+class ConfigError(ValueError):
+    """A setting that cannot be understood; the message says which and why."""
+
+
+# ----------------------------------------------------------------------------- dotlist
+
+
+def parse_value(text: str) -> Any:
+    """Parse one dotlist value the way verl/Hydra users write it.
+
+    JSON first (``'["console","mlflow"]'``, ``4``, ``true``), then Hydra's bare
+    forms: ``[console,mlflow]``, ``True``/``False``, ``null``/``None``, numbers,
+    quoted or bare strings.
+    """
+    s = text.strip()
+    if len(s) >= 2 and s[0] == s[-1] and s[0] in "'\"":
+        inner = s[1:-1]
+        # a quoted list or dict (the shell kept the quotes) is still a list
+        if inner.strip().startswith(("[", "{")):
+            return parse_value(inner)
+        return inner
+    try:
+        return json.loads(s)
+    except ValueError:
+        pass
+    low = s.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low in ("null", "none", "~"):
+        return None
+    if s.startswith("[") and s.endswith("]"):
+        body = s[1:-1].strip()
+        return [parse_value(p) for p in _split_top(body)] if body else []
+    if s.startswith("{") and s.endswith("}"):
+        body = s[1:-1].strip()
+        out: dict[str, Any] = {}
+        for part in _split_top(body) if body else []:
+            k, sep, v = part.partition(":")
+            if not sep:
+                raise ConfigError(f"cannot parse mapping entry {part!r} in {text!r}")
+            out[str(parse_value(k))] = parse_value(v)
+        return out
+    for conv in (int, float):
+        try:
+            return conv(s)
+        except ValueError:
+            pass
+    return s
+
+
+def _split_top(body: str) -> list[str]:
+    """Split on commas that are not inside brackets or quotes."""
+    parts, depth, quote, cur = [], 0, "", []
+    for ch in body:
+        if quote:
+            cur.append(ch)
+            if ch == quote:
+                quote = ""
+            continue
+        if ch in "'\"":
+            quote = ch
+        elif ch in "[{":
+            depth += 1
+        elif ch in "]}":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append("".join(cur))
+            cur = []
+            continue
+        cur.append(ch)
+    parts.append("".join(cur))
+    return [p.strip() for p in parts]
+
+
+def apply_dotlist(base: Mapping[str, Any] | None, overrides: Sequence[str]) -> dict[str, Any]:
+    """Apply verl/Hydra-style overrides (``a.b=v``, ``+a.b=v``, ``++a.b=v``, ``~a.b``)."""
+    cfg = _to_plain(base) if base is not None else {}
+    for item in overrides:
+        if not isinstance(item, str):
+            raise ConfigError(f"dotlist override must be a string, got {item!r}")
+        item = item.strip()
+        if not item:
+            continue
+        if item.startswith("~"):
+            _delete(cfg, item[1:].partition("=")[0].strip())
+            continue
+        key, sep, value = item.lstrip("+").partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ConfigError(f"cannot parse override {item!r}: expected key=value")
+        if not re.fullmatch(r"[A-Za-z0-9_\-]+(\.[A-Za-z0-9_\-]+)*", key):
+            raise ConfigError(f"cannot parse override {item!r}: bad key {key!r}")
+        node = cfg
+        parts = key.split(".")
+        for p in parts[:-1]:
+            nxt = node.get(p)
+            if not isinstance(nxt, dict):
+                nxt = {}
+                node[p] = nxt
+            node = nxt
+        node[parts[-1]] = parse_value(value)
+    return cfg
+
+
+def _delete(cfg: dict, key: str) -> None:
+    parts = key.split(".")
+    node = cfg
+    for p in parts[:-1]:
+        node = node.get(p)
+        if not isinstance(node, dict):
+            return
+    node.pop(parts[-1], None)
+
+
+def _to_plain(cfg: Any) -> Any:
+    """dict / DictConfig / dataclass -> plain nested dicts and lists."""
+    mod = type(cfg).__module__
+    if mod.startswith("omegaconf"):
+        from omegaconf import OmegaConf
+
+        return OmegaConf.to_container(cfg, resolve=True)
+    if dataclasses.is_dataclass(cfg) and not isinstance(cfg, type):
+        return _to_plain(dataclasses.asdict(cfg))
+    if isinstance(cfg, Mapping):
+        return {str(k): _to_plain(v) for k, v in cfg.items()}
+    if isinstance(cfg, (list, tuple)):
+        return [_to_plain(v) for v in cfg]
+    return cfg
+
+
+def _get_path(cfg: Mapping[str, Any], path: str) -> tuple[bool, Any]:
+    node: Any = cfg
+    for p in path.split("."):
+        if not isinstance(node, Mapping) or p not in node:
+            return False, None
+        node = node[p]
+    return True, node
+
+
+# ----------------------------------------------------------------------------- coercion
+
+
+def _as_bool(name: str, v: Any) -> bool:
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, (int, float)):
+        return bool(v)
+    if isinstance(v, str) and v.strip().lower() in ("1", "true", "yes", "on"):
+        return True
+    if isinstance(v, str) and v.strip().lower() in ("0", "false", "no", "off", ""):
+        return False
+    raise ConfigError(f"{name}: expected a boolean, got {v!r}")
+
+
+def _as_int(name: str, v: Any, allow_none: bool = False) -> int | None:
+    if v is None and allow_none:
+        return None
+    if isinstance(v, str) and allow_none and v.strip().lower() in ("", "none", "null"):
+        return None
+    try:
+        if isinstance(v, bool):
+            raise ValueError
+        out = int(v)
+        if isinstance(v, float) and out != v:
+            raise ValueError
+        return out
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name}: expected an integer, got {v!r}") from None
+
+
+def _as_names(name: str, v: Any) -> tuple[str, ...]:
+    if v is None:
+        return ()
+    if isinstance(v, str):
+        s = v.strip()
+        if s.startswith("["):
+            return _as_names(name, parse_value(s))
+        return tuple(p.strip() for p in s.split(",") if p.strip())
+    if isinstance(v, (list, tuple)):
+        out = []
+        for x in v:
+            if not isinstance(x, str):
+                raise ConfigError(f"{name}: exporter names must be strings, got {x!r}")
+            out.append(x.strip())
+        return tuple(out)
+    raise ConfigError(f"{name}: expected a name or a list of names, got {v!r}")
+
+
+def _coerce(field: str, v: Any, source: str) -> Any:
+    label = f"{field} (from {source})"
+    if field in ("token2text", "set_global_provider", "disabled"):
+        return _as_bool(label, v)
+    if field == "tracing":
+        return None if v is None else _as_bool(label, v)
+    if field in ("rank", "log_val_generations", "prometheus_port", "max_value_chars", "queue_size"):
+        out = _as_int(label, v)
+        if field == "log_val_generations" and out is not None and out < 0:
+            raise ConfigError(f"{label}: must be >= 0")
+        return out
+    if field == "max_samples":
+        out = _as_int(label, v, allow_none=True)
+        if out is not None and out < 0:
+            raise ConfigError(f"{label}: must be >= 0 or None")
+        return out
+    if field == "batch_delay_s":
+        try:
+            return float(v)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{label}: expected seconds, got {v!r}") from None
+    if field == "exporters":
+        return _as_names(label, v)
+    if field == "trace_backend":
+        if v is None or (isinstance(v, str) and v.strip().lower() in ("", "none", "null")):
+            return None
+        if not isinstance(v, str):
+            raise ConfigError(f"{label}: expected an exporter name, got {v!r}")
+        return v.strip()
+    if field in ("resource_attributes", "verl_config"):
+        if not isinstance(v, Mapping):
+            raise ConfigError(f"{label}: expected a mapping, got {v!r}")
+        return dict(v)
+    if v is None:
+        return None
+    if isinstance(v, (dict, list)):
+        raise ConfigError(f"{label}: expected a scalar, got {v!r}")
+    return str(v)
+
+
+# ----------------------------------------------------------------------------- layers
+
+
+def _from_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for path, field in VERL_KEYS.items():
+        found, value = _get_path(cfg, path)
+        if not found:
+            continue
+        if field == "max_samples" and out.get(field) is not None:
+            continue  # the verl key max_samples_per_step_per_worker wins over the short alias
+        out[field] = _coerce(field, value, f"config {path}")
+    ours = cfg.get("otel_rl")
+    if isinstance(ours, Mapping):
+        for k, v in ours.items():
+            if k not in _FIELDS or k == "verl_config":
+                raise ConfigError(f"unknown setting otel_rl.{k}; known: {', '.join(sorted(_FIELDS))}")
+            out[k] = _coerce(k, v, f"config otel_rl.{k}")
+    return out
+
+
+def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for var, field in ENV_KEYS.items():
+        if var in env and env[var] != "":
+            out[field] = _coerce(field, env[var], f"env {var}")
+    if "rank" not in out:
+        for var in ("RANK", "LOCAL_RANK"):  # torch.distributed / torchrun
+            if env.get(var, "") != "":
+                out["rank"] = _coerce("rank", env[var], f"env {var}")
+                break
+    if env.get("OTEL_SERVICE_NAME"):
+        out["service_name"] = env["OTEL_SERVICE_NAME"]
+    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        out["disabled"] = True
+    return out
+
+
+def resolve(
+    config: Any = None,
+    overrides: Sequence[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    **kwargs: Any,
+) -> Config:
+    """Build a Config: kwargs > config (+ dotlist overrides) > env > defaults."""
+    env = os.environ if env is None else env
+    if isinstance(config, (list, tuple)):
+        overrides = list(config) + list(overrides or [])
+        config = None
+    plain = _to_plain(config) if config is not None else {}
+    if not isinstance(plain, dict):
+        raise ConfigError(f"config must be a mapping or a list of overrides, got {type(config).__name__}")
+    if overrides:
+        plain = apply_dotlist(plain, overrides)
+
+    values: dict[str, Any] = {}
+    values.update(_from_env(env))
+    values.update(_from_config(plain))
+    if "logger" in kwargs:  # verl's name for the exporter list
+        kwargs.setdefault("exporters", kwargs.pop("logger"))
+    if "max_samples_per_step_per_worker" in kwargs:
+        kwargs.setdefault("max_samples", kwargs.pop("max_samples_per_step_per_worker"))
+    for k, v in kwargs.items():
+        if k not in _FIELDS:
+            raise ConfigError(f"unknown setting {k!r}; known: {', '.join(sorted(_FIELDS))}")
+        if v is None and k not in ("tracing",):
+            continue  # None means "not given" for keyword arguments
+        values[k] = _coerce(k, v, "argument")
+    cfg = Config(**values)
+    cfg.verl_config = plain
+    if not cfg.run_id:
+        cfg.run_id = uuid.uuid4().hex[:16]
+    return cfg
+
+
+def scrub_secrets(obj: Any) -> Any:
+    """Copy of a config with values of secret-looking keys replaced by '***'."""
+    if isinstance(obj, Mapping):
+        return {k: (REDACTED if isinstance(k, str) and SECRET_KEY_RE.search(k) and not isinstance(v, Mapping) else scrub_secrets(v))
+                for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [scrub_secrets(v) for v in obj]
+    return obj

@@ -1,0 +1,51 @@
+"""The exporter plug-in contract.
+
+An exporter is created by a factory registered under the entry-point group
+``otel_rl.exporters`` (the name users write in ``trainer.logger`` or
+``trace.backend``).  The factory is called as ``factory(config)`` with the
+resolved `otel_rl.config.Config` and returns an `Exporter`.
+
+An exporter says what it consumes:
+
+- ``export_records(records)``: typed records (run start, step metrics,
+  generations, trajectories), built once by the core for everybody;
+- ``export_spans(spans)``: the raw finished spans (OTLP and the test kit);
+- ``metric_readers()``: OpenTelemetry metric readers to attach to the meter
+  provider (Prometheus, OTLP metrics).
+
+Both export methods run on the exporter's own delivery thread, in batches,
+never on the training thread.  Raising from them means "not delivered": the
+batch is kept and retried with backoff, the failure counted and logged once
+per kind.  They must not retain the list objects they are given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+
+class Exporter:
+    #: registered name, filled in by the registry
+    name: str = ""
+    #: consumes sampled trajectories (turns tracing on in "auto" mode)
+    wants_trajectories: bool = False
+    #: consumes raw spans (turns tracing on in "auto" mode)
+    wants_spans: bool = False
+    #: consumes records at all (console/jsonl/trackers); False for metric-only exporters
+    wants_records: bool = True
+
+    def export_records(self, records: Sequence[Any]) -> None:  # pragma: no cover - default
+        return None
+
+    def export_spans(self, spans: Sequence[Any]) -> None:  # pragma: no cover - default
+        return None
+
+    def metric_readers(self) -> list[Any]:
+        return []
+
+    def flush(self, timeout_s: float = 10.0) -> None:
+        return None
+
+    def shutdown(self) -> None:
+        return None

@@ -1,0 +1,82 @@
+"""Exporter lookup by name through entry points (group ``otel_rl.exporters``)."""
+
+from __future__ import annotations
+
+import importlib
+from importlib import metadata
+from typing import Any, Callable
+
+from .base import Exporter
+
+GROUP = "otel_rl.exporters"
+
+# Built into the core distribution; also registered as entry points in
+# pyproject.toml.  Kept here so a source checkout without installed metadata
+# still finds them.
+BUILTIN: dict[str, str] = {
+    "console": "otel_rl.exporters.console:ConsoleExporter",
+    "file": "otel_rl.exporters.jsonl:JsonlExporter",
+    "jsonl": "otel_rl.exporters.jsonl:JsonlExporter",
+    "otlp": "otel_rl.exporters.otlp:OtlpExporter",
+    "prometheus": "otel_rl.exporters.prometheus:PrometheusExporter",
+    "memory": "otel_rl.testing:CaptureExporter",
+}
+
+# Known tracker exporters that ship as separate distributions.
+KNOWN_MISSING: dict[str, str] = {
+    "mlflow": "pip install 'otel-rl[mlflow]'",
+    "wandb": "pip install 'otel-rl[wandb]'",
+    "tracking": "pip install 'otel-rl[wandb]'",
+    "swanlab": "pip install 'otel-rl[swanlab]'",
+    "weave": "pip install 'otel-rl[weave]'",
+}
+
+# verl names otel-rl does not implement.
+UNSUPPORTED = {"tensorboard", "vemlp_wandb", "clearml", "trackio"}
+
+
+class UnknownExporterError(ValueError):
+    pass
+
+
+def _entry_points() -> dict[str, Any]:
+    try:
+        eps = metadata.entry_points(group=GROUP)
+    except Exception:
+        return {}
+    return {ep.name: ep for ep in eps}
+
+
+def installed_names() -> list[str]:
+    return sorted(set(BUILTIN) | set(_entry_points()))
+
+
+def _load_target(target: str) -> Callable[..., Exporter]:
+    mod, _, attr = target.partition(":")
+    obj: Any = importlib.import_module(mod)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def resolve_factory(name: str) -> Callable[..., Exporter]:
+    eps = _entry_points()
+    if name in eps:
+        return eps[name].load()
+    if name in BUILTIN:
+        return _load_target(BUILTIN[name])
+    hint = ""
+    if name in KNOWN_MISSING:
+        hint = f" The {name!r} exporter is a separate distribution: run `{KNOWN_MISSING[name]}`."
+    elif name in UNSUPPORTED:
+        hint = f" verl's {name!r} logger has no otel-rl exporter; use OTLP to reach other backends."
+    raise UnknownExporterError(
+        f"unknown exporter {name!r}.{hint} Installed exporters: {', '.join(installed_names())}."
+    )
+
+
+def create(name: str, config: Any) -> Exporter:
+    factory = resolve_factory(name)
+    exporter = factory(config)
+    exporter.name = name
+    return exporter

@@ -1,0 +1,681 @@
+"""Decorators and context managers: `step`, `timer`, `trajectory`, `op`, `generate`, `tool`.
+
+Cost model.  With tracing off (no exporter consumes spans, `trace=False`, or an
+unsampled trajectory) an `op` is one attribute read and one context-variable
+read before calling through; an unsampled trajectory additionally wraps the call
+in try/except so that an error is never lost (a trajectory that ends in an error
+is always kept).  With tracing on, an op costs one SDK span plus the JSON of
+its arguments and result.  Everything else happens in the export thread.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace as trace_api
+from opentelemetry.trace import Link, Status, StatusCode
+
+from . import semconv as sc
+from ._pipeline import TrajectoryStat
+from ._runtime import RT, STEP, TRAJECTORY
+from ._token2text import extract_ids
+from .serialize import to_json
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+OFF, UNSAMPLED, SAMPLED = 0, 1, 2
+_time_ns = time.time_ns
+_perf = time.perf_counter
+_EMPTY_CONTEXT = otel_context.Context()
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _record_exception(span: Any, exc: BaseException, timestamp: int | None = None) -> None:
+    try:
+        span.record_exception(exc, attributes={sc.ERROR_TYPE: type(exc).__qualname__}, timestamp=timestamp)
+        span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"[:1024]))
+        span.set_attribute(sc.ERROR_TYPE, type(exc).__qualname__)
+    except Exception:  # pragma: no cover - never let telemetry raise
+        pass
+
+
+def _link_target() -> Any:
+    st = STEP.get()
+    if st is not None and st.span_context is not None:
+        return st.span_context
+    ctx = trace_api.get_current_span().get_span_context()
+    return ctx if ctx.is_valid else None
+
+
+def current_step() -> int | None:
+    """The step number of the innermost `step()` block, or None."""
+    st = STEP.get()
+    return st.n if st is not None else None
+
+
+# ----------------------------------------------------------------------------- step / timer
+
+
+class _StepState:
+    __slots__ = ("n", "span", "span_context", "timings", "var_token", "ctx_token")
+
+    def __init__(self, n: int):
+        self.n = n
+        self.span: Any = None
+        self.span_context: Any = None
+        self.timings: dict[str, float] = {}
+
+
+class step:
+    """Root span of one training step: ``with otel_rl.step(n): ...``.
+
+    `timer()` blocks inside add ``timing_s/<name>`` to this step's metrics,
+    which are logged when the block exits.
+    """
+
+    __slots__ = ("_n", "_st")
+
+    def __init__(self, n: int):
+        self._n = int(n)
+
+    def __enter__(self) -> _StepState:
+        st = self._st = _StepState(self._n)
+        if RT.tracing:
+            st.span = RT.tracer.start_span(sc.SPAN_STEP, context=_EMPTY_CONTEXT,
+                                           attributes={sc.RL_STEP: st.n, sc.RL_SPAN_KIND: sc.KIND_STEP})
+            st.span_context = st.span.get_span_context()
+            st.ctx_token = otel_context.attach(trace_api.set_span_in_context(st.span))
+        st.var_token = STEP.set(st)
+        return st
+
+    def __exit__(self, et: Any, ev: BaseException | None, tb: Any) -> bool:
+        st = self._st
+        STEP.reset(st.var_token)
+        if st.span is not None:
+            otel_context.detach(st.ctx_token)
+            if ev is not None:
+                _record_exception(st.span, ev)
+            st.span.end()
+        if st.timings and RT.handle is not None:
+            RT.handle.log(dict(st.timings), step=st.n)
+        return False
+
+    async def __aenter__(self) -> _StepState:
+        return self.__enter__()
+
+    async def __aexit__(self, et: Any, ev: Any, tb: Any) -> bool:
+        return self.__exit__(et, ev, tb)
+
+
+class timer:
+    """Child span of the current step and a ``timing_s/<name>`` value for that step.
+
+    Repeated timers of one name in a step add up.  When `timing_raw` (verl's
+    dict) is given, the seconds are also added to ``timing_raw[name]``.
+    """
+
+    __slots__ = ("name", "timing_raw", "_t0", "_span", "_token", "last")
+
+    def __init__(self, name: str, timing_raw: dict | None = None):
+        self.name = str(name)
+        self.timing_raw = timing_raw
+        self.last = 0.0
+
+    def __enter__(self) -> timer:
+        self._span = None
+        if RT.tracing:
+            self._span = RT.tracer.start_span(self.name, attributes={sc.RL_TIMER_NAME: self.name,
+                                                                     sc.RL_SPAN_KIND: sc.KIND_TIMER})
+            self._token = otel_context.attach(trace_api.set_span_in_context(self._span))
+        self._t0 = _perf()
+        return self
+
+    def __exit__(self, et: Any, ev: BaseException | None, tb: Any) -> bool:
+        dt = self.last = _perf() - self._t0
+        if self._span is not None:
+            otel_context.detach(self._token)
+            if ev is not None:
+                _record_exception(self._span, ev)
+            self._span.end()
+        st = STEP.get()
+        if st is not None:
+            key = sc.TIMING_PREFIX + self.name
+            st.timings[key] = st.timings.get(key, 0.0) + dt
+        if self.timing_raw is not None:
+            self.timing_raw[self.name] = self.timing_raw.get(self.name, 0.0) + dt
+        return False
+
+    async def __aenter__(self) -> timer:
+        return self.__enter__()
+
+    async def __aexit__(self, et: Any, ev: Any, tb: Any) -> bool:
+        return self.__exit__(et, ev, tb)
+
+
+# ----------------------------------------------------------------------------- trajectory
+
+
+class TrajectoryState:
+    """What `with trajectory(...) as t` gives: `t.sampled`, `t.set_reward(x)`, `t.span`."""
+
+    __slots__ = ("mode", "step", "sample_index", "rollout_n", "validate", "name", "span", "errors", "t0",
+                 "var_token", "ctx_token", "link", "reward")
+
+    def __init__(self, mode: int, step: int | None, sample_index: int | None, rollout_n: int | None,
+                 validate: bool, name: str | None):
+        self.mode = mode
+        self.step = step
+        self.sample_index = sample_index
+        self.rollout_n = rollout_n
+        self.validate = validate
+        self.name = name
+        self.span: Any = None
+        self.errors: list | None = None
+        self.link: Any = None
+        self.reward: float | None = None
+
+    @property
+    def sampled(self) -> bool:
+        return self.mode == SAMPLED
+
+    def set_reward(self, value: Any) -> None:
+        try:
+            self.reward = float(value)
+        except (TypeError, ValueError):
+            return
+        if self.span is not None:
+            self.span.set_attribute(sc.RL_REWARD, self.reward)
+
+    def note_error(self, name: str, kind: str, t0: int, t1: int, exc: BaseException) -> None:
+        if self.errors is None:
+            self.errors = []
+        if len(self.errors) < 32:
+            self.errors.append((name, kind, t0, t1, exc))
+
+    def attributes(self) -> dict[str, Any]:
+        a: dict[str, Any] = {sc.RL_SPAN_KIND: sc.KIND_AGENT, sc.RL_VALIDATE: self.validate,
+                             sc.RL_EXPERIMENT_NAME: RT.experiment}
+        if self.step is not None:
+            a[sc.RL_STEP] = self.step
+        if self.sample_index is not None:
+            a[sc.RL_SAMPLE_INDEX] = self.sample_index
+        if self.rollout_n is not None:
+            a[sc.RL_ROLLOUT_N] = self.rollout_n
+        if self.name:
+            a[sc.RL_TRAJECTORY_NAME] = self.name
+        if self.reward is not None:
+            a[sc.RL_REWARD] = self.reward
+        return a
+
+
+class trajectory:
+    """One rollout of one sample as its own trace, linked to the current step span.
+
+    ``trace=False`` turns off every op nested inside (even nested trajectories)
+    until the block exits, whatever escapes it.  Safe across asyncio tasks and
+    threads: the state lives in context variables.
+    """
+
+    __slots__ = ("_args", "_st")
+
+    def __init__(self, step: int | None = None, sample_index: int | None = None, rollout_n: int | None = None,
+                 validate: bool = False, name: str | None = None, trace: bool = True):
+        self._args = (step, sample_index, rollout_n, bool(validate), name, trace)
+
+    def __enter__(self) -> TrajectoryState:
+        step_n, sample_index, rollout_n, validate, name, trace = self._args
+        if step_n is None:
+            step_n = current_step()
+        parent = TRAJECTORY.get()
+        if not trace or not RT.tracing or (parent is not None and parent.mode == OFF):
+            mode = OFF
+        elif RT.sampler.decide(step_n, sample_index, validate):
+            mode = SAMPLED
+        else:
+            mode = UNSAMPLED
+        st = self._st = TrajectoryState(mode, step_n, sample_index, rollout_n, validate, name)
+        st.t0 = _time_ns()
+        if mode != OFF:
+            st.link = _link_target()
+        if mode == SAMPLED:
+            st.span = RT.tracer.start_span(name or sc.SPAN_TRAJECTORY, context=_EMPTY_CONTEXT,
+                                           links=[Link(st.link)] if st.link is not None else None,
+                                           attributes=st.attributes())
+            st.ctx_token = otel_context.attach(trace_api.set_span_in_context(st.span, _EMPTY_CONTEXT))
+        st.var_token = TRAJECTORY.set(st)
+        return st
+
+    def __exit__(self, et: Any, ev: BaseException | None, tb: Any) -> bool:
+        st = self._st
+        TRAJECTORY.reset(st.var_token)
+        if st.mode == SAMPLED:
+            otel_context.detach(st.ctx_token)
+            if ev is not None:
+                _record_exception(st.span, ev)
+            st.span.end()
+        elif st.mode == UNSAMPLED and (ev is not None or st.errors):
+            _emit_kept_error(st, ev)
+        elif RT.pipeline is not None:  # untraced: only its duration and outcome, for the metrics
+            RT.pipeline.submit(TrajectoryStat((_time_ns() - st.t0) / 1e9, st.validate, ev is not None))
+        return False
+
+    async def __aenter__(self) -> TrajectoryState:
+        return self.__enter__()
+
+    async def __aexit__(self, et: Any, ev: Any, tb: Any) -> bool:
+        return self.__exit__(et, ev, tb)
+
+
+def _emit_kept_error(st: TrajectoryState, ev: BaseException | None) -> None:
+    """An unsampled trajectory failed: emit its root span and the failing ops after the fact."""
+    tracer = RT.tracer
+    if tracer is None:
+        return
+    attrs = st.attributes()
+    attrs[sc.RL_SAMPLED] = False
+    root = tracer.start_span(st.name or sc.SPAN_TRAJECTORY, context=_EMPTY_CONTEXT,
+                             links=[Link(st.link)] if st.link is not None else None,
+                             attributes=attrs, start_time=st.t0)
+    parent_ctx = trace_api.set_span_in_context(root, _EMPTY_CONTEXT)
+    for name, kind, t0, t1, exc in st.errors or ():
+        child = tracer.start_span(name, context=parent_ctx, attributes={sc.RL_SPAN_KIND: kind}, start_time=t0)
+        _record_exception(child, exc, timestamp=t1)
+        child.end(end_time=t1)
+    if ev is not None:
+        _record_exception(root, ev)
+    elif st.errors:
+        root.set_status(Status(StatusCode.ERROR, "an op in this trajectory failed"))
+    root.end()
+
+
+# ----------------------------------------------------------------------------- op
+
+
+class _OpMeta:
+    __slots__ = ("fn", "name", "kind", "attrs", "pos_names", "skip_first", "varargs", "defaults", "is_method",
+                 "tool_call_arg", "model")
+
+    def __init__(self, fn: Callable, name: str | None, kind: str, attrs: dict, tool_call_arg: tuple = (),
+                 model: str | None = None):
+        self.fn = fn
+        self.name = name or getattr(fn, "__qualname__", getattr(fn, "__name__", "op"))
+        self.kind = kind
+        self.attrs = attrs
+        self.tool_call_arg = tool_call_arg
+        self.model = model
+        try:
+            params = list(inspect.signature(fn).parameters.values())
+        except (TypeError, ValueError):
+            params = []
+        self.is_method = bool(params) and params[0].name in ("self", "cls")
+        self.skip_first = self.is_method
+        pos = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        if self.skip_first and pos:
+            pos = pos[1:]
+        self.pos_names = tuple(p.name for p in pos)
+        var = [p for p in params if p.kind == p.VAR_POSITIONAL]
+        self.varargs = var[0].name if var else "args"
+        self.defaults = {p.name: p.default for p in params
+                         if p.default is not p.empty and p.kind != p.VAR_KEYWORD and not (self.skip_first and p is params[0])}
+
+    def bind(self, args: tuple, kwargs: dict) -> dict[str, Any]:
+        """Arguments by parameter name (declaration order, defaults filled in), without self."""
+        if self.skip_first:
+            args = args[1:]
+        names = self.pos_names
+        n = len(names)
+        if len(args) <= n:
+            d = dict(zip(names, args))
+        else:
+            d = dict(zip(names, args[:n]))
+            d[self.varargs] = list(args[n:])
+        if kwargs:
+            d.update(kwargs)
+        if self.defaults:
+            for k, v in self.defaults.items():
+                if k not in d:
+                    d[k] = v
+        return d
+
+
+def _start_op_span(meta: _OpMeta, args: tuple, kwargs: dict) -> Any:
+    attrs = dict(meta.attrs)
+    inputs = meta.bind(args, kwargs)
+    text, truncated = to_json(inputs, RT.max_chars)
+    attrs[sc.RL_OP_INPUTS] = text
+    if truncated:
+        attrs[sc.RL_TRUNCATED] = True
+    if meta.tool_call_arg:
+        for a in meta.tool_call_arg:
+            v = inputs.get(a)
+            if v is not None:
+                attrs[sc.GEN_AI_TOOL_CALL_ID] = str(v)
+                break
+    return RT.tracer.start_span(meta.name, attributes=attrs)
+
+
+def _usage_from(result: Any) -> tuple[int | None, int | None]:
+    ids = extract_ids(result)
+    pin = pout = None
+    if ids is not None:
+        p, r = ids
+        pin = len(p) if p is not None and hasattr(p, "__len__") else None
+        pout = len(r) if r is not None and hasattr(r, "__len__") else None
+    usage = result.get("usage") if isinstance(result, dict) else getattr(result, "usage", None)
+    if usage is not None:
+        get = usage.get if isinstance(usage, dict) else (lambda k, _u=usage: getattr(_u, k, None))
+        pin = get("input_tokens") or get("prompt_tokens") or pin
+        pout = get("output_tokens") or get("completion_tokens") or pout
+    return pin, pout
+
+
+def _finish_op_span(span: Any, meta: _OpMeta, result: Any, args: tuple) -> None:
+    text, truncated = to_json(result, RT.max_chars)
+    span.set_attribute(sc.RL_OP_OUTPUT, text)
+    if truncated:
+        span.set_attribute(sc.RL_TRUNCATED, True)
+    if meta.kind == sc.KIND_LLM:
+        try:
+            pin, pout = _usage_from(result)
+            if pin is not None:
+                span.set_attribute(sc.GEN_AI_USAGE_INPUT_TOKENS, int(pin))
+            if pout is not None:
+                span.set_attribute(sc.GEN_AI_USAGE_OUTPUT_TOKENS, int(pout))
+        except Exception:
+            pass
+    if RT.token2text:
+        ids = extract_ids(result)
+        if ids is not None:
+            tok = RT.tokenizer
+            if tok is None and meta.is_method and args:
+                tok = getattr(args[0], "tokenizer", None)
+            if tok is not None:
+                RT.pipeline.pending_decode[span.get_span_context().span_id] = (tok, *ids)
+
+
+def _wrap(fn: Callable, meta: _OpMeta) -> Callable:
+    if inspect.isasyncgenfunction(fn):
+        return _wrap_asyncgen(fn, meta)
+    if inspect.iscoroutinefunction(fn):
+        return _wrap_async(fn, meta)
+    if inspect.isgeneratorfunction(fn):
+        return _wrap_gen(fn, meta)
+    return _wrap_sync(fn, meta)
+
+
+def _wrap_sync(fn: Callable, meta: _OpMeta) -> Callable:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if not RT.tracing:
+            return fn(*args, **kwargs)
+        st = TRAJECTORY.get()
+        if st is not None and st.mode != SAMPLED:
+            if st.mode == OFF:
+                return fn(*args, **kwargs)
+            t0 = _time_ns()
+            try:
+                return fn(*args, **kwargs)
+            except BaseException as exc:
+                st.note_error(meta.name, meta.kind, t0, _time_ns(), exc)
+                raise
+        span = _start_op_span(meta, args, kwargs)
+        token = otel_context.attach(trace_api.set_span_in_context(span))
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException as exc:
+            _record_exception(span, exc)
+            raise
+        else:
+            _finish_op_span(span, meta, result, args)
+            return result
+        finally:
+            otel_context.detach(token)
+            span.end()
+
+    return wrapper
+
+
+def _wrap_async(fn: Callable, meta: _OpMeta) -> Callable:
+    @functools.wraps(fn)
+    async def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if not RT.tracing:
+            return await fn(*args, **kwargs)
+        st = TRAJECTORY.get()
+        if st is not None and st.mode != SAMPLED:
+            if st.mode == OFF:
+                return await fn(*args, **kwargs)
+            t0 = _time_ns()
+            try:
+                return await fn(*args, **kwargs)
+            except BaseException as exc:
+                st.note_error(meta.name, meta.kind, t0, _time_ns(), exc)
+                raise
+        span = _start_op_span(meta, args, kwargs)
+        token = otel_context.attach(trace_api.set_span_in_context(span))
+        try:
+            result = await fn(*args, **kwargs)
+        except BaseException as exc:
+            _record_exception(span, exc)
+            raise
+        else:
+            _finish_op_span(span, meta, result, args)
+            return result
+        finally:
+            otel_context.detach(token)
+            span.end()
+
+    return wrapper
+
+
+_MAX_ITEMS_KEPT = 1000
+
+
+def _wrap_gen(fn: Callable, meta: _OpMeta) -> Callable:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if not RT.tracing:
+            return (yield from fn(*args, **kwargs))
+        st = TRAJECTORY.get()
+        if st is not None and st.mode != SAMPLED:
+            if st.mode == OFF:
+                return (yield from fn(*args, **kwargs))
+            t0 = _time_ns()
+            try:
+                return (yield from fn(*args, **kwargs))
+            except BaseException as exc:
+                if not isinstance(exc, GeneratorExit):
+                    st.note_error(meta.name, meta.kind, t0, _time_ns(), exc)
+                raise
+        span = _start_op_span(meta, args, kwargs)
+        ctx = trace_api.set_span_in_context(span)
+        gen = fn(*args, **kwargs)
+        items: list = []
+        send_value: Any = None
+        throw_exc: BaseException | None = None
+        try:
+            while True:
+                token = otel_context.attach(ctx)  # the span is current only while the body runs
+                try:
+                    if throw_exc is not None:
+                        exc, throw_exc = throw_exc, None
+                        item = gen.throw(exc)
+                    else:
+                        item = gen.send(send_value)
+                except StopIteration as stop:
+                    _finish_op_span(span, meta, {"yielded": items, "return": stop.value}
+                                    if stop.value is not None else items, args)
+                    return stop.value
+                finally:
+                    otel_context.detach(token)
+                if len(items) < _MAX_ITEMS_KEPT:
+                    items.append(item)
+                try:
+                    send_value = yield item
+                except GeneratorExit:
+                    gen.close()
+                    span.set_attribute(sc.RL_OP_OUTPUT, to_json(items, RT.max_chars)[0])
+                    raise
+                except BaseException as exc:
+                    throw_exc = exc
+                    send_value = None
+        except GeneratorExit:
+            raise
+        except BaseException as exc:
+            _record_exception(span, exc)
+            raise
+        finally:
+            span.end()
+
+    return wrapper
+
+
+def _wrap_asyncgen(fn: Callable, meta: _OpMeta) -> Callable:
+    @functools.wraps(fn)
+    async def wrapper(*args: Any, **kwargs: Any) -> Any:
+        st = TRAJECTORY.get() if RT.tracing else None
+        traced = RT.tracing and (st is None or st.mode == SAMPLED)
+        if not traced:
+            t0 = _time_ns()
+            try:
+                async for item in fn(*args, **kwargs):
+                    yield item
+            except BaseException as exc:
+                if st is not None and st.mode == UNSAMPLED and not isinstance(exc, GeneratorExit):
+                    st.note_error(meta.name, meta.kind, t0, _time_ns(), exc)
+                raise
+            return
+        span = _start_op_span(meta, args, kwargs)
+        ctx = trace_api.set_span_in_context(span)
+        agen = fn(*args, **kwargs)
+        items: list = []
+        send_value: Any = None
+        throw_exc: BaseException | None = None
+        try:
+            while True:
+                token = otel_context.attach(ctx)
+                try:
+                    if throw_exc is not None:
+                        exc, throw_exc = throw_exc, None
+                        item = await agen.athrow(exc)
+                    else:
+                        item = await agen.asend(send_value)
+                except StopAsyncIteration:
+                    _finish_op_span(span, meta, items, args)
+                    return
+                finally:
+                    otel_context.detach(token)
+                if len(items) < _MAX_ITEMS_KEPT:
+                    items.append(item)
+                try:
+                    send_value = yield item
+                except GeneratorExit:
+                    await agen.aclose()
+                    span.set_attribute(sc.RL_OP_OUTPUT, to_json(items, RT.max_chars)[0])
+                    raise
+                except BaseException as exc:
+                    throw_exc = exc
+                    send_value = None
+        except GeneratorExit:
+            raise
+        except BaseException as exc:
+            _record_exception(span, exc)
+            raise
+        finally:
+            span.end()
+
+    return wrapper
+
+
+def _decorator(fn: Callable | None, build: Callable[[Callable], _OpMeta]) -> Any:
+    def deco(f: Callable) -> Callable:
+        target = f.__func__ if isinstance(f, (staticmethod, classmethod)) else f
+        wrapped = _wrap(target, build(target))
+        if isinstance(f, staticmethod):
+            return staticmethod(wrapped)
+        if isinstance(f, classmethod):
+            return classmethod(wrapped)
+        return wrapped
+
+    return deco(fn) if fn is not None else deco
+
+
+def _check_kind(kind: str) -> str:
+    k = str(kind).upper()
+    if k not in sc.SPAN_KINDS:
+        raise ValueError(f"unknown op kind {kind!r}; use one of {', '.join(sc.SPAN_KINDS)}")
+    return k
+
+
+def op(fn: F | None = None, *, name: str | None = None, kind: str = sc.KIND_CHAIN) -> Any:
+    """Trace a function or method (sync, async, generator, async generator).
+
+    The span is named by the function's qualname (or `name`); bound arguments
+    (without ``self``) become its inputs, the return value its output;
+    exceptions are recorded and re-raised unchanged.
+    """
+    k = _check_kind(kind)
+    if k == sc.KIND_LLM:
+        return generate(fn, name=name)
+    if k == sc.KIND_TOOL:
+        return tool(fn, name=name)
+    return _decorator(fn, lambda f: _OpMeta(f, name, k, {sc.RL_SPAN_KIND: k}))
+
+
+def generate(fn: F | None = None, *, name: str | None = None, model: str | None = None,
+             operation: str = sc.GEN_AI_OP_CHAT, provider: str | None = None) -> Any:
+    """An LLM generation: GenAI-convention span with model and token usage.
+
+    Token counts come from the result's ``prompt_ids``/``response_ids`` (keys or
+    attributes) or its ``usage`` (``input_tokens``/``output_tokens`` or
+    ``prompt_tokens``/``completion_tokens``).
+    """
+
+    def build(f: Callable) -> _OpMeta:
+        attrs: dict[str, Any] = {sc.RL_SPAN_KIND: sc.KIND_LLM, sc.GEN_AI_OPERATION_NAME: operation}
+        if model:
+            attrs[sc.GEN_AI_REQUEST_MODEL] = model
+        if provider:
+            attrs[sc.GEN_AI_PROVIDER_NAME] = provider
+        span_name = name or (f"{operation} {model}" if model else None)
+        return _OpMeta(f, span_name, sc.KIND_LLM, attrs, model=model)
+
+    return _decorator(fn, build)
+
+
+def tool(fn: F | None = None, *, name: str | None = None, call_id_arg: str | tuple[str, ...] = ("tool_call_id", "call_id"),
+         tool_type: str = "function") -> Any:
+    """A tool call: GenAI-convention ``execute_tool <name>`` span with tool name and call id.
+
+    The call id is read from the first bound argument named in `call_id_arg`.
+    """
+
+    def build(f: Callable) -> _OpMeta:
+        tool_name = name or getattr(f, "__name__", "tool")
+        attrs = {sc.RL_SPAN_KIND: sc.KIND_TOOL, sc.GEN_AI_OPERATION_NAME: sc.GEN_AI_OP_EXECUTE_TOOL,
+                 sc.GEN_AI_TOOL_NAME: tool_name, sc.GEN_AI_TOOL_TYPE: tool_type}
+        ids = (call_id_arg,) if isinstance(call_id_arg, str) else tuple(call_id_arg)
+        return _OpMeta(f, f"{sc.GEN_AI_OP_EXECUTE_TOOL} {tool_name}", sc.KIND_TOOL, attrs, tool_call_arg=ids)
+
+    return _decorator(fn, build)
+
+
+def annotate(**attributes: Any) -> None:
+    """Set attributes on the current span (an op, a trajectory), if one is recording."""
+    span = trace_api.get_current_span()
+    if span.is_recording():
+        for k, v in attributes.items():
+            try:
+                span.set_attribute(k, v)
+            except Exception:
+                pass
+
+
+def current_trajectory() -> TrajectoryState | None:
+    return TRAJECTORY.get()

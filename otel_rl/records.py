@@ -1,0 +1,290 @@
+"""Spans -> typed records, once, for every exporter.
+
+The pipeline turns each batch of finished spans into:
+
+- `RunStart`     run identity + config (from the `rl.run` span)
+- `StepMetrics`  the exact (key, value) pairs of one `log()` call at a step
+- `Generations`  validation generations of a step, rows of (input, output, score)
+- `Trajectory`   one sampled trajectory: the whole span tree of its trace
+
+Records carry their `RunIdentity` (from resource attributes), so an exporter
+keeps one tracker run per identity.  The builder works on any `ReadableSpan`, so
+the same code serves spans made in-process and spans decoded from OTLP.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from typing import Any, Union
+
+from . import semconv as sc
+
+try:  # typing only; the SDK is a hard dependency anyway
+    from opentelemetry.sdk.trace import ReadableSpan
+except Exception:  # pragma: no cover
+    ReadableSpan = Any  # type: ignore
+
+
+@dataclasses.dataclass(frozen=True)
+class RunIdentity:
+    project: str
+    experiment: str
+    run_id: str
+
+    @classmethod
+    def from_attributes(cls, attrs: Any) -> RunIdentity:
+        attrs = attrs or {}
+        return cls(
+            str(attrs.get(sc.RL_PROJECT_NAME, "")),
+            str(attrs.get(sc.RL_EXPERIMENT_NAME, "")),
+            str(attrs.get(sc.RL_RUN_ID, "")),
+        )
+
+
+@dataclasses.dataclass
+class RunStart:
+    run: RunIdentity
+    config: dict[str, Any]
+    rank: int
+    time_ns: int
+
+
+@dataclasses.dataclass
+class StepMetrics:
+    run: RunIdentity
+    step: int
+    values: dict[str, float | int | bool]
+    time_ns: int
+
+
+@dataclasses.dataclass
+class Generations:
+    run: RunIdentity
+    step: int
+    rows: list[tuple[str, str, float]]
+    time_ns: int
+
+
+@dataclasses.dataclass
+class SpanNode:
+    name: str
+    kind: str
+    span_id: int
+    parent_id: int | None
+    start_ns: int
+    end_ns: int
+    attributes: dict[str, Any]
+    inputs: str | None
+    output: str | None
+    status: str  # "OK" | "ERROR" | "UNSET"
+    status_message: str | None
+    events: list[dict[str, Any]]
+    children: list[SpanNode] = dataclasses.field(default_factory=list)
+
+    def walk(self) -> Iterable[SpanNode]:
+        yield self
+        for c in self.children:
+            yield from c.walk()
+
+    def find(self, name: str) -> list[SpanNode]:
+        return [n for n in self.walk() if n.name == name]
+
+
+@dataclasses.dataclass
+class Trajectory:
+    run: RunIdentity
+    trace_id: int
+    step: int | None
+    sample_index: int | None
+    rollout_n: int | None
+    validate: bool
+    name: str
+    root: SpanNode
+    complete: bool = True  # False when flushed without its root span (partial)
+
+    @property
+    def status(self) -> str:
+        return self.root.status
+
+    def tags(self) -> dict[str, str]:
+        """The tags trackers attach, e.g. MLflow's `tags.step = '1'`."""
+        out = {sc.TAG_EXPERIMENT_NAME: self.run.experiment, sc.TAG_VALIDATE: str(self.validate)}
+        if self.step is not None:
+            out[sc.TAG_STEP] = str(self.step)
+        if self.sample_index is not None:
+            out[sc.TAG_SAMPLE_INDEX] = str(self.sample_index)
+        if self.rollout_n is not None:
+            out[sc.TAG_ROLLOUT_N] = str(self.rollout_n)
+        return out
+
+
+Record = Union[RunStart, StepMetrics, Generations, Trajectory]
+
+
+def _status(span: Any) -> tuple[str, str | None]:
+    st = span.status
+    code = getattr(st.status_code, "name", str(st.status_code))
+    return code, st.description
+
+
+def metrics_from_attributes(attrs: Any) -> dict[str, float | int | bool]:
+    """Rebuild one log() call's dict, in call order, with exact ints and bools."""
+    keys = attrs.get(sc.RL_METRICS_KEYS) or ()
+    vals = attrs.get(sc.RL_METRICS_VALUES) or ()
+    values: dict[str, float | int | bool] = {k: float(v) for k, v in zip(keys, vals)}
+    for k, v in zip(attrs.get(sc.RL_METRICS_INT_KEYS) or (), attrs.get(sc.RL_METRICS_INT_VALUES) or ()):
+        values[k] = int(v)
+    for k, v in zip(attrs.get(sc.RL_METRICS_BOOL_KEYS) or (), attrs.get(sc.RL_METRICS_BOOL_VALUES) or ()):
+        values[k] = bool(v)
+    return values
+
+
+def _node(span: Any) -> SpanNode:
+    attrs = dict(span.attributes or {})
+    status, msg = _status(span)
+    events = [{"name": e.name, "time_ns": e.timestamp, "attributes": dict(e.attributes or {})} for e in span.events]
+    return SpanNode(
+        name=span.name,
+        kind=str(attrs.get(sc.RL_SPAN_KIND, sc.KIND_CHAIN)),
+        span_id=span.context.span_id,
+        parent_id=span.parent.span_id if span.parent is not None else None,
+        start_ns=span.start_time or 0,
+        end_ns=span.end_time or 0,
+        attributes=attrs,
+        inputs=attrs.pop(sc.RL_OP_INPUTS, None),
+        output=attrs.pop(sc.RL_OP_OUTPUT, None),
+        status=status,
+        status_message=msg,
+        events=events,
+    )
+
+
+def _tree(spans: Sequence[Any], root_span: Any | None) -> tuple[SpanNode, bool]:
+    nodes = {s.context.span_id: _node(s) for s in spans}
+    root = nodes[root_span.context.span_id] if root_span is not None else None
+    orphans = []
+    for n in sorted(nodes.values(), key=lambda n: n.start_ns):
+        if n is root:
+            continue
+        parent = nodes.get(n.parent_id) if n.parent_id is not None else None
+        if parent is not None:
+            parent.children.append(n)
+        else:
+            orphans.append(n)
+    complete = root is not None
+    if root is None:
+        # partial: the earliest orphan stands in for the missing root
+        root = orphans.pop(0)
+    root.children.extend(orphans)
+    return root, complete
+
+
+class RecordBuilder:
+    """Stateful: spans of a trajectory are held until its root span ends."""
+
+    def __init__(self, max_pending_traces: int = 10_000):
+        self._pending: OrderedDict[int, list[Any]] = OrderedDict()
+        self._max_pending = max_pending_traces
+
+    def build(self, spans: Iterable[Any]) -> list[Record]:
+        out: list[Record] = []
+        for span in spans:
+            name = span.name
+            attrs = span.attributes or {}
+            if name == sc.SPAN_LOG and sc.RL_STEP in attrs:
+                out.append(StepMetrics(RunIdentity.from_attributes(span.resource.attributes), int(attrs[sc.RL_STEP]),
+                                       metrics_from_attributes(attrs), span.end_time or time.time_ns()))
+                continue
+            if name == sc.SPAN_GENERATIONS and sc.RL_STEP in attrs:
+                rows = zip(attrs.get(sc.RL_GENERATIONS_INPUTS) or (), attrs.get(sc.RL_GENERATIONS_OUTPUTS) or (),
+                           attrs.get(sc.RL_GENERATIONS_SCORES) or ())
+                out.append(Generations(RunIdentity.from_attributes(span.resource.attributes), int(attrs[sc.RL_STEP]),
+                                       [(str(i), str(o), float(s)) for i, o, s in rows], span.end_time or 0))
+                continue
+            if name == sc.SPAN_RUN and span.parent is None:
+                try:
+                    config = json.loads(attrs.get(sc.RL_RUN_CONFIG) or "{}")
+                except ValueError:
+                    config = {}
+                out.append(RunStart(RunIdentity.from_attributes(span.resource.attributes), config,
+                                    int(span.resource.attributes.get(sc.RL_WORKER_RANK, 0) or 0), span.start_time or 0))
+                continue
+            tid = span.context.trace_id
+            if span.parent is None:
+                group = self._pending.pop(tid, [])
+                kind = attrs.get(sc.RL_SPAN_KIND)
+                if kind in (sc.KIND_STEP, sc.KIND_TIMER):
+                    continue  # a step's waterfall is not a trajectory; ops under it are dropped here
+                group.append(span)
+                out.append(self._trajectory(group, span))
+                continue
+            if attrs.get(sc.RL_SPAN_KIND) == sc.KIND_TIMER:
+                continue
+            group = self._pending.get(tid)
+            if group is None:
+                group = self._pending[tid] = []
+                while len(self._pending) > self._max_pending:
+                    _, old = self._pending.popitem(last=False)
+                    out.extend(self._partial(old))
+            group.append(span)
+        return out
+
+    def flush_partial(self) -> list[Record]:
+        """Traces whose root never ended (process ending): emit what there is."""
+        out: list[Record] = []
+        while self._pending:
+            _, group = self._pending.popitem(last=False)
+            out.extend(self._partial(group))
+        return out
+
+    def _partial(self, group: list[Any]) -> list[Record]:
+        return [self._trajectory(group, None)] if group else []
+
+    def _trajectory(self, spans: list[Any], root_span: Any | None) -> Trajectory:
+        root, complete = _tree(spans, root_span)
+        a = root.attributes
+        res = (root_span or spans[0]).resource.attributes
+        step = a.get(sc.RL_STEP)
+        si = a.get(sc.RL_SAMPLE_INDEX)
+        rn = a.get(sc.RL_ROLLOUT_N)
+        return Trajectory(
+            run=RunIdentity.from_attributes(res),
+            trace_id=(root_span or spans[0]).context.trace_id,
+            step=int(step) if step is not None else None,
+            sample_index=int(si) if si is not None else None,
+            rollout_n=int(rn) if rn is not None else None,
+            validate=bool(a.get(sc.RL_VALIDATE, False)),
+            name=str(a.get(sc.RL_TRAJECTORY_NAME, root.name)),
+            root=root,
+            complete=complete,
+        )
+
+
+def merge_step_metrics(records: Iterable[Record]) -> list[StepMetrics]:
+    """All StepMetrics of one (run, step) merged into one row, later values winning.
+
+    Rows keep the order in which their step first appeared.  For trackers that
+    keep one row per step (SwanLab keeps only the first value logged at a step).
+    """
+    merged: OrderedDict[tuple[RunIdentity, int], StepMetrics] = OrderedDict()
+    for r in records:
+        if isinstance(r, StepMetrics):
+            key = (r.run, r.step)
+            cur = merged.get(key)
+            if cur is None:
+                merged[key] = StepMetrics(r.run, r.step, dict(r.values), r.time_ns)
+            else:
+                cur.values.update(r.values)
+                cur.time_ns = max(cur.time_ns, r.time_ns)
+    return list(merged.values())
+
+
+def finite_or_none(value: float | int | bool) -> float | int | bool | None:
+    if type(value) is float and not math.isfinite(value):
+        return None
+    return value

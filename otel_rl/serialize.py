@@ -1,0 +1,152 @@
+"""Safe JSON serialisation of op inputs and outputs.
+
+`to_json` never raises: dataclasses, pydantic models, numpy arrays and scalars,
+torch tensors, bytes, sets, enums, paths, cycles and objects without a JSON form
+are all turned into something readable, and the result is capped at
+`max_chars` characters.  A value that hits the cap ends with a visible marker
+``...[truncated N chars]`` and the caller is told it was truncated.
+Non-finite floats are written as the strings "NaN", "Infinity", "-Infinity" so
+the text stays valid JSON for strict readers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import math
+import os
+from typing import Any
+
+DEFAULT_MAX_CHARS = 256 * 1024
+_MAX_ITEMS = 1000  # per container, in the slow path
+_MAX_DEPTH = 32
+TRUNCATION_MARK = "...[truncated {} chars]"
+
+_PRIMITIVE = (str, int, float, bool, type(None))
+
+
+def _fallback(obj: Any) -> Any:
+    """`default=` hook for json.dumps: one level of conversion, never raises."""
+    try:
+        return _convert(obj)
+    except Exception as exc:  # a broken __repr__ or property must not escape
+        return f"<unserialisable {type(obj).__name__}: {type(exc).__name__}>"
+
+
+def _convert(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: getattr(obj, f.name, None) for f in dataclasses.fields(obj)}
+    dump = getattr(obj, "model_dump", None)  # pydantic v2
+    if callable(dump) and not isinstance(obj, type):
+        return dump(mode="json")
+    mod = type(obj).__module__
+    if mod.startswith("torch") and hasattr(obj, "detach"):
+        t = obj.detach()
+        if t.numel() <= _MAX_ITEMS:
+            return t.cpu().tolist()
+        return {"tensor": {"shape": list(t.shape), "dtype": str(t.dtype), "device": str(t.device)},
+                "head": t.flatten()[:_MAX_ITEMS].cpu().tolist()}
+    if mod == "numpy" or mod.startswith("numpy."):
+        if hasattr(obj, "shape") and obj.shape != ():
+            if obj.size <= _MAX_ITEMS:
+                return obj.tolist()
+            return {"ndarray": {"shape": list(obj.shape), "dtype": str(obj.dtype)},
+                    "head": obj.reshape(-1)[:_MAX_ITEMS].tolist()}
+        if hasattr(obj, "item"):
+            return obj.item()
+    if isinstance(obj, (bytes, bytearray, memoryview)):
+        b = bytes(obj)
+        try:
+            return b.decode("utf-8")
+        except UnicodeDecodeError:
+            return repr(b[:4096])
+    if isinstance(obj, (set, frozenset)):
+        return list(obj)
+    if isinstance(obj, enum.Enum):
+        return obj.value
+    if isinstance(obj, os.PathLike):
+        return os.fspath(obj)
+    if isinstance(obj, dict):  # a dict with non-string keys reaches here via the slow path
+        return {str(k): v for k, v in obj.items()}
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    return repr(obj)
+
+
+def _sanitize(obj: Any, seen: set[int], depth: int) -> Any:
+    """Slow path: walk the value, breaking cycles and replacing non-finite floats."""
+    if isinstance(obj, float):
+        if math.isfinite(obj):
+            return obj
+        return "NaN" if math.isnan(obj) else ("Infinity" if obj > 0 else "-Infinity")
+    if isinstance(obj, _PRIMITIVE):
+        return obj
+    if depth > _MAX_DEPTH:
+        return "<max depth>"
+    oid = id(obj)
+    if oid in seen:
+        return "<cycle>"
+    if isinstance(obj, dict):
+        seen.add(oid)
+        out = {}
+        for i, (k, v) in enumerate(obj.items()):
+            if i >= _MAX_ITEMS:
+                out["..."] = f"{len(obj) - _MAX_ITEMS} more items"
+                break
+            out[k if isinstance(k, str) else str(k)] = _sanitize(v, seen, depth + 1)
+        seen.discard(oid)
+        return out
+    if isinstance(obj, (list, tuple)):
+        seen.add(oid)
+        out_l = [_sanitize(v, seen, depth + 1) for v in obj[:_MAX_ITEMS]]
+        if len(obj) > _MAX_ITEMS:
+            out_l.append(f"... {len(obj) - _MAX_ITEMS} more items")
+        seen.discard(oid)
+        return out_l
+    seen.add(oid)
+    try:
+        converted = _fallback(obj)
+        if converted is obj:
+            converted = repr(obj)
+        return _sanitize(converted, seen, depth + 1)
+    finally:
+        seen.discard(oid)
+
+
+def to_json(obj: Any, max_chars: int = DEFAULT_MAX_CHARS) -> tuple[str, bool]:
+    """Serialise `obj` to JSON text of at most about `max_chars` characters.
+
+    Returns (text, truncated).  Never raises.
+    """
+    try:
+        text = json.dumps(obj, default=_fallback, ensure_ascii=False, allow_nan=False)
+    except (ValueError, TypeError, RecursionError, OverflowError):
+        try:
+            text = json.dumps(_sanitize(obj, set(), 0), ensure_ascii=False, allow_nan=False)
+        except Exception as exc:
+            text = json.dumps(f"<unserialisable {type(obj).__name__}: {type(exc).__name__}>")
+    except Exception as exc:
+        text = json.dumps(f"<unserialisable {type(obj).__name__}: {type(exc).__name__}>")
+    if len(text) > max_chars:
+        cut = len(text) - max_chars
+        return text[:max_chars] + TRUNCATION_MARK.format(cut), True
+    return text, False
+
+
+def json_float(value: float | int | bool) -> float | int | bool | str:
+    """A scalar as strict JSON allows it: non-finite floats become strings."""
+    if type(value) is float and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    return value
+
+
+def parse_json_float(value: Any) -> Any:
+    """Inverse of `json_float` for readers of our JSONL files."""
+    if value == "NaN":
+        return math.nan
+    if value == "Infinity":
+        return math.inf
+    if value == "-Infinity":
+        return -math.inf
+    return value

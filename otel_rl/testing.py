@@ -1,0 +1,143 @@
+"""Test kit: capture what an instrumented trainer emits, in memory, and query it.
+
+As a pytest plugin (installed with otel-rl) it offers the fixture
+``otel_rl_capture``::
+
+    def test_my_trainer(otel_rl_capture):
+        train(steps=3)                      # your code, instrumented with otel_rl
+        cap = otel_rl_capture.collect()     # flushes the pipeline
+        assert cap.metrics_by_step()[2]["actor/pg_loss"] < 1.0
+        t = cap.trajectories(step=1, sample_index=0)[0]
+        assert [n.name for n in t.root.children] == ["MyAgent.generate"]
+
+Without pytest: ``cap = CaptureExporter(); otel_rl.init(exporters=[cap])``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from .exporters.base import Exporter
+from .records import Generations, RunStart, SpanNode, StepMetrics, Trajectory, merge_step_metrics
+
+
+class CaptureExporter(Exporter):
+    """Keeps every record and span; a metric reader for the OTel instruments."""
+
+    wants_spans = True
+    wants_trajectories = True
+
+    def __init__(self, config: Any = None):
+        from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+        self._lock = threading.Lock()
+        self.records: list[Any] = []
+        self.spans: list[Any] = []
+        self.metric_reader = InMemoryMetricReader()
+        self.handle: Any = None
+
+    # exporter side
+    def export_records(self, records: Sequence[Any]) -> None:
+        with self._lock:
+            self.records.extend(records)
+
+    def export_spans(self, spans: Sequence[Any]) -> None:
+        with self._lock:
+            self.spans.extend(spans)
+
+    def metric_readers(self) -> list[Any]:
+        return [self.metric_reader]
+
+    # query side
+    def collect(self, timeout_s: float = 30.0) -> CaptureExporter:
+        """Flush the pipeline this exporter belongs to, then return self."""
+        from ._runtime import RT
+
+        h = self.handle or RT.handle
+        if h is not None and not h.closed:
+            h.flush(timeout_s)
+        return self
+
+    def of_type(self, cls: type) -> list[Any]:
+        with self._lock:
+            return [r for r in self.records if isinstance(r, cls)]
+
+    def step_metrics(self) -> list[StepMetrics]:
+        return self.of_type(StepMetrics)
+
+    def metrics_by_step(self) -> dict[int, dict[str, Any]]:
+        """{step: {key: value}}, all log() calls of a step merged (later wins)."""
+        return {m.step: m.values for m in merge_step_metrics(self.step_metrics())}
+
+    def metric_series(self, key: str) -> list[tuple[int, Any]]:
+        return [(m.step, m.values[key]) for m in self.step_metrics() if key in m.values]
+
+    def run_starts(self) -> list[RunStart]:
+        return self.of_type(RunStart)
+
+    def generations(self) -> list[Generations]:
+        return self.of_type(Generations)
+
+    def trajectories(self, step: int | None = None, sample_index: int | None = None,
+                     validate: bool | None = None) -> list[Trajectory]:
+        out = [t for t in self.of_type(Trajectory) if t.root.kind != "CHAIN" or t.sample_index is not None]
+        if step is not None:
+            out = [t for t in out if t.step == step]
+        if sample_index is not None:
+            out = [t for t in out if t.sample_index == sample_index]
+        if validate is not None:
+            out = [t for t in out if t.validate == validate]
+        return out
+
+    def spans_named(self, name: str) -> list[Any]:
+        with self._lock:
+            return [s for s in self.spans if s.name == name]
+
+    def span_tree(self, trace_id: int) -> SpanNode | None:
+        for t in self.of_type(Trajectory):
+            if t.trace_id == trace_id:
+                return t.root
+        return None
+
+    def metric_points(self, name: str) -> list[Any]:
+        """Data points of one OTel instrument (e.g. ``rl.train.actor/pg_loss``)."""
+        data = self.metric_reader.get_metrics_data()
+        out = []
+        if data is None:
+            return out
+        for rm in data.resource_metrics:
+            for sm in rm.scope_metrics:
+                for m in sm.metrics:
+                    if m.name == name:
+                        out.extend(m.data.data_points)
+        return out
+
+    def clear(self) -> None:
+        with self._lock:
+            self.records.clear()
+            self.spans.clear()
+
+
+# ----------------------------------------------------------------------------- pytest plugin
+
+try:
+    import pytest
+except ImportError:  # pragma: no cover - the kit works without pytest
+    pytest = None  # type: ignore
+
+if pytest is not None:
+
+    @pytest.fixture
+    def otel_rl_capture() -> Iterator[CaptureExporter]:
+        """A running otel-rl pipeline capturing everything in memory (shut down afterwards)."""
+        from ._handle import init
+
+        cap = CaptureExporter()
+        handle = init(exporters=[cap], tracing=True, batch_delay_s=0.05)
+        cap.handle = handle
+        try:
+            yield cap
+        finally:
+            handle.shutdown()
