@@ -305,9 +305,10 @@ class _OpMeta:
     def __init__(self, fn: Callable, name: str | None, kind: str, attrs: dict, tool_call_arg: tuple = (),
                  model: str | None = None):
         self.fn = fn
-        self.name = name or getattr(fn, "__qualname__", getattr(fn, "__name__", "op"))
+        qualname = getattr(fn, "__qualname__", getattr(fn, "__name__", "op"))
+        self.name = name or qualname
         self.kind = kind
-        self.attrs = attrs
+        self.attrs = attrs if self.name == qualname else {**attrs, sc.RL_OP_QUALNAME: qualname}
         self.tool_call_arg = tool_call_arg
         self.model = model
         try:
