@@ -240,11 +240,6 @@ def _build_exporters(cfg: Config, given: Sequence[Exporter]) -> list[Exporter]:
         if not e.name:
             e.name = type(e).__name__
         out.append(e)
-    if cfg.trace_backend:
-        for e in out:
-            # only the trace backend receives trajectories among the trackers (verl semantics)
-            if e.name != cfg.trace_backend and getattr(e, "trajectories_only_as_backend", False):
-                e.wants_trajectories = False
     return out
 
 

@@ -1,0 +1,128 @@
+"""Shared base of the tracker exporters (MLflow, WandB, SwanLab, Weave).
+
+A tracker exporter is a thin sink: it opens one tracker run per run identity
+and maps records to the tracker's API.  This base does the part every tracker
+needs the same way:
+
+- groups a batch by run identity, in order;
+- opens the run lazily (on its `RunStart` when it comes first, else on the
+  first record; the config of a later `RunStart` is handed to `update_config`);
+- splits the records by type and calls `write_metrics`, `write_generations`,
+  `write_trajectories` once per run per batch;
+- makes a retried batch idempotent: parts of a batch already written are not
+  written again when the batch is retried after a failure of a later part.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+from ..records import Generations, RunIdentity, RunStart, StepMetrics, Trajectory
+from .base import Exporter
+
+
+class TrackerExporter(Exporter):
+    #: the name users write in trainer.logger / trace.backend
+    tracker_name: str = ""
+    #: receives trajectories only when it is the configured trace backend
+    traces_only_as_backend: bool = True
+
+    def __init__(self, config: Any):
+        self.config = config
+        self.runs: dict[RunIdentity, Any] = {}
+        self._written: set[tuple[int, str]] = set()  # (id(batch part), part) already delivered
+        backend = getattr(config, "trace_backend", None)
+        self.wants_trajectories = (backend == self.tracker_name) if self.traces_only_as_backend else True
+
+    # -- to implement ----------------------------------------------------------------
+    def open_run(self, run: RunIdentity, start: RunStart | None) -> Any:
+        raise NotImplementedError
+
+    def update_config(self, handle: Any, start: RunStart) -> None:
+        return None
+
+    def write_metrics(self, handle: Any, metrics: list[StepMetrics]) -> None:
+        return None
+
+    def write_generations(self, handle: Any, generations: list[Generations]) -> None:
+        return None
+
+    def write_trajectories(self, handle: Any, trajectories: list[Trajectory]) -> None:
+        return None
+
+    def close_run(self, handle: Any) -> None:
+        return None
+
+    # -- machinery -------------------------------------------------------------------------
+    def export_records(self, records: Sequence[Any]) -> None:
+        groups: OrderedDict[RunIdentity, list[Any]] = OrderedDict()
+        for r in records:
+            groups.setdefault(r.run, []).append(r)
+        for ident, recs in groups.items():
+            starts = [r for r in recs if isinstance(r, RunStart)]
+            handle = self.runs.get(ident)
+            if handle is None:
+                handle = self.runs[ident] = self.open_run(ident, starts[0] if starts else None)
+                starts = starts[1:]
+            for s in starts:
+                self._once(s, "config", lambda s=s: self.update_config(handle, s))
+            parts = (
+                ("metrics", StepMetrics, self.write_metrics),
+                ("generations", Generations, self.write_generations),
+                ("trajectories", Trajectory, self.write_trajectories),
+            )
+            for label, cls, write in parts:
+                items = [r for r in recs if isinstance(r, cls)]
+                if items:
+                    self._once(items[0], label, lambda w=write, i=items: w(handle, i))
+        self._written.clear()  # the whole batch is delivered
+
+    def _once(self, key_obj: Any, label: str, fn: Any) -> None:
+        key = (id(key_obj), label)
+        if key in self._written:
+            return
+        fn()
+        self._written.add(key)
+
+    def shutdown(self) -> None:
+        for handle in list(self.runs.values()):
+            self.close_run(handle)
+        self.runs.clear()
+
+
+def flatten_config(params: Any, sep: str = "/") -> dict[str, Any]:
+    """Flatten a config the way verl logs it to MLflow params.
+
+    Nested keys are joined by `sep`; a list becomes ``list_len`` plus one key per
+    index; dataclasses become dicts, paths and enums their value.
+    """
+    import dataclasses
+    import enum
+    import os
+
+    out: dict[str, Any] = {}
+
+    def walk(prefix: str, x: Any) -> None:
+        if dataclasses.is_dataclass(x) and not isinstance(x, type):
+            x = dataclasses.asdict(x)
+        if isinstance(x, dict):
+            if not x and prefix:
+                out[prefix] = "{}"
+            for k, v in x.items():
+                walk(f"{prefix}{sep}{k}" if prefix else str(k), v)
+        elif isinstance(x, (list, tuple)):
+            walk(f"{prefix}{sep}list_len" if prefix else "list_len", len(x))
+            for i, v in enumerate(x):
+                walk(f"{prefix}{sep}{i}" if prefix else str(i), v)
+        elif isinstance(x, enum.Enum):
+            out[prefix] = x.value
+        elif isinstance(x, os.PathLike):
+            out[prefix] = os.fspath(x)
+        else:
+            out[prefix] = x
+
+    if params is not None:
+        walk("", params)
+    return out
