@@ -71,32 +71,35 @@ def coerce_metrics(data: object) -> tuple[dict[str, float | int | bool], list[st
         if tp is _FLOAT or tp is _INT or tp is _BOOL:
             out[key] = value
             continue
-        if isinstance(value, bool):
-            out[key] = bool(value)
-        elif isinstance(value, numbers.Integral):
-            try:
-                out[key] = int(value)
-            except Exception:
-                skipped.append(key)
-        elif isinstance(value, numbers.Real) and not hasattr(value, "shape"):
-            out[key] = float(value)
-        elif _is_tensor(value):
-            try:
-                if value.dim() == 0 and value.numel() == 1:  # type: ignore[attr-defined]
-                    if tensors is None:
-                        tensors = []
-                    tensors.append((key, value))
-                    out[key] = 0.0  # placeholder keeps the caller's key order
-                else:
+        try:  # a value whose conversion raises (float(Fraction(10**400)), a broken .shape) is skipped
+            if isinstance(value, bool):
+                out[key] = bool(value)
+            elif isinstance(value, numbers.Integral):
+                try:
+                    out[key] = int(value)
+                except Exception:
                     skipped.append(key)
-            except Exception:
-                skipped.append(key)
-        else:
-            item = _scalar_from_numpy(value)
-            if item is None:
-                skipped.append(key)
+            elif isinstance(value, numbers.Real) and not hasattr(value, "shape"):
+                out[key] = float(value)
+            elif _is_tensor(value):
+                try:
+                    if value.dim() == 0 and value.numel() == 1:  # type: ignore[attr-defined]
+                        if tensors is None:
+                            tensors = []
+                        tensors.append((key, value))
+                        out[key] = 0.0  # placeholder keeps the caller's key order
+                    else:
+                        skipped.append(key)
+                except Exception:
+                    skipped.append(key)
             else:
-                out[key] = item
+                item = _scalar_from_numpy(value)
+                if item is None:
+                    skipped.append(key)
+                else:
+                    out[key] = item
+        except Exception:
+            skipped.append(key)
     if tensors:
         _gather_tensors(tensors, out, skipped)
     return out, skipped

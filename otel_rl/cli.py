@@ -33,8 +33,7 @@ def main(argv: list[str] | None = None) -> int:
         except ConfigError as exc:
             print(f"otel-rl: {exc}", file=sys.stderr)
             return 2
-        out = dataclasses.asdict(cfg)
-        out["verl_config"] = scrub_secrets(out["verl_config"])
+        out = scrub_secrets(dataclasses.asdict(cfg))  # verl_config and e.g. otlp_headers
         print(json.dumps(out, indent=2, default=str))
         return 0
     parser.print_help()

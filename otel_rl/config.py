@@ -33,7 +33,20 @@ VERL_KEYS: dict[str, str] = {
     "actor_rollout_ref.rollout.trace.max_samples": "max_samples",
 }
 
-SECRET_KEY_RE = re.compile(r"(api[_-]?key|token|secret|password|passwd|credential|auth)", re.I)
+# A key is secret when its last word names a secret (``api_key``, ``hf_token``,
+# ``accessToken``, ``db_password``, ``otlp_headers``); keys that merely contain
+# such a word (``ppo_max_token_len_per_gpu``, ``token2text``, ``tokenizer``) are not.
+SECRET_KEY_RE = re.compile(
+    r"(?:^|_)(api_?keys?|access_?key|secret_?key|private_?key|token|secret|password|passwd|pwd"
+    r"|credentials?|auth|authorization|headers?)$"
+)
+
+
+def _is_secret_key(key: str) -> bool:
+    words = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", key).lower()
+    return SECRET_KEY_RE.search(re.sub(r"[^a-z0-9]+", "_", words).strip("_")) is not None
+
+
 REDACTED = "***"
 
 
@@ -400,9 +413,10 @@ def resolve(
 
 
 def scrub_secrets(obj: Any) -> Any:
-    """Copy of a config with values of secret-looking keys replaced by '***'."""
+    """Copy of a config with values of secret-looking keys replaced by '***' (None stays None)."""
     if isinstance(obj, Mapping):
-        return {k: (REDACTED if isinstance(k, str) and SECRET_KEY_RE.search(k) and not isinstance(v, Mapping) else scrub_secrets(v))
+        return {k: (REDACTED if isinstance(k, str) and _is_secret_key(k) and v is not None and not isinstance(v, Mapping)
+                    else scrub_secrets(v))
                 for k, v in obj.items()}
     if isinstance(obj, list):
         return [scrub_secrets(v) for v in obj]

@@ -32,7 +32,9 @@ def sample_score(run_id: str, step: int | None, sample_index: int | None) -> int
 
 
 def choose(run_id: str, step: int | None, sample_indices: Iterable[int], n: int) -> set[int]:
-    """The `n` samples of `sample_indices` with the lowest scores."""
+    """The `n` samples of `sample_indices` with the lowest scores (none when n <= 0)."""
+    if n <= 0:
+        return set()
     unique = sorted(set(sample_indices))
     if n >= len(unique):
         return set(unique)

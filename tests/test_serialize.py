@@ -1,0 +1,352 @@
+"""otel_rl.serialize.to_json: never raises, valid JSON, readable forms, truncation."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import math
+import re
+from pathlib import Path, PurePosixPath
+
+import numpy as np
+import pydantic
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from otel_rl.serialize import TRUNCATION_MARK, json_float, parse_json_float, to_json
+
+
+def loads(obj, **kw):
+    text, truncated = to_json(obj, **kw)
+    assert isinstance(text, str)
+    assert truncated is False
+    return json.loads(text)  # strict: json.loads accepts NaN, so also check below
+
+
+def strict_loads(text: str):
+    def bad(c):
+        raise ValueError(f"non-standard JSON constant {c}")
+
+    return json.loads(text, parse_constant=bad)
+
+
+@dataclasses.dataclass
+class Point:
+    x: int
+    y: float
+    tags: list = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class Wrapper:
+    point: Point
+    arr: object = None
+
+
+class Msg(pydantic.BaseModel):
+    role: str
+    content: str
+    n: int = 1
+
+
+class Color(enum.Enum):
+    RED = "red"
+    BLUE = 2
+
+
+class BadRepr:
+    def __repr__(self):
+        raise RuntimeError("no repr for you")
+
+
+class BadEverything:
+    def __repr__(self):
+        raise RuntimeError("repr")
+
+    def __getattr__(self, name):
+        raise RuntimeError(f"getattr {name}")
+
+
+def test_dataclass_nested():
+    assert loads(Wrapper(Point(1, 2.5, ["a"]), np.arange(3))) == {"point": {"x": 1, "y": 2.5, "tags": ["a"]},
+                                                                 "arr": [0, 1, 2]}
+
+
+def test_dataclass_with_nan_goes_through_slow_path():
+    text, truncated = to_json(Point(1, math.nan))
+    assert not truncated
+    assert strict_loads(text) == {"x": 1, "y": "NaN", "tags": []}
+
+
+def test_pydantic_model():
+    assert loads(Msg(role="user", content="hi")) == {"role": "user", "content": "hi", "n": 1}
+    assert loads({"msgs": [Msg(role="a", content="b", n=2)]}) == {"msgs": [{"role": "a", "content": "b", "n": 2}]}
+
+
+def test_pydantic_model_class_is_not_dumped():
+    out = loads(Msg)
+    assert isinstance(out, str) and "Msg" in out
+
+
+@pytest.mark.parametrize("value, expected", [
+    (np.float32(0.5), 0.5), (np.float64(1.25), 1.25), (np.int64(2**62), 2**62), (np.int8(-4), -4),
+    (np.uint16(9), 9), (np.bool_(True), True), (np.array(3.5), 3.5), (np.arange(4), [0, 1, 2, 3]),
+    (np.array([[1.5, 2.0], [3.0, 4.0]], dtype=np.float32), [[1.5, 2.0], [3.0, 4.0]]),
+    (np.array(["a", "b"]), ["a", "b"]), (np.array([True, False]), [True, False]),
+])
+def test_numpy(value, expected):
+    assert loads(value) == expected
+
+
+def test_numpy_large_array_summarised():
+    arr = np.arange(5000, dtype=np.int32).reshape(50, 100)
+    out = loads(arr)
+    assert out["ndarray"] == {"shape": [50, 100], "dtype": "int32"}
+    assert out["head"] == list(range(1000))
+
+
+def test_numpy_with_nan():
+    text, _ = to_json(np.array([1.0, np.nan, np.inf, -np.inf]))
+    assert strict_loads(text) == [1.0, "NaN", "Infinity", "-Infinity"]
+    text, _ = to_json(np.float32("nan"))
+    assert strict_loads(text) == "NaN"
+
+
+@pytest.mark.parametrize("value, expected", [
+    (torch.tensor(1.5), 1.5), (torch.tensor(7), 7), (torch.tensor(True), True),
+    (torch.tensor([1, 2, 3]), [1, 2, 3]), (torch.tensor([[0.5, 1.0]], dtype=torch.float64), [[0.5, 1.0]]),
+    (torch.tensor([1.0, 2.0], requires_grad=True), [1.0, 2.0]), (torch.tensor([1.0], dtype=torch.bfloat16), [1.0]),
+    (torch.zeros(0), []),
+])
+def test_torch_small(value, expected):
+    assert loads(value) == expected
+
+
+def test_torch_large_summarised():
+    t = torch.arange(3000, dtype=torch.int64).reshape(3, 1000)
+    out = loads({"ids": t})["ids"]
+    assert out["tensor"] == {"shape": [3, 1000], "dtype": "torch.int64", "device": "cpu"}
+    assert out["head"] == list(range(1000))
+
+
+def test_torch_with_nan():
+    text, _ = to_json({"t": torch.tensor([float("nan"), 1.0])})
+    assert strict_loads(text) == {"t": ["NaN", 1.0]}
+
+
+def test_bytes():
+    assert loads(b"hello \xc3\xa9") == "hello \u00e9"
+    assert loads(bytearray(b"abc")) == "abc"
+    assert loads(memoryview(b"xyz")) == "xyz"
+    binary = loads(b"\xff\xfe\x00\x01")
+    assert binary == repr(b"\xff\xfe\x00\x01")
+    big = loads(b"\xff" * 10000)
+    assert isinstance(big, str) and len(big) < 20000
+
+
+def test_sets_enums_paths():
+    assert sorted(loads({1, 2, 3})) == [1, 2, 3]
+    assert sorted(loads(frozenset({"a", "b"}))) == ["a", "b"]
+    assert loads(Color.RED) == "red" and loads(Color.BLUE) == 2
+    assert loads(Path("/tmp/x.txt")) == "/tmp/x.txt"
+    assert loads(PurePosixPath("a/b")) == "a/b"
+    assert loads({"p": [Path("/a"), {Color.RED}]}) == {"p": ["/a", ["red"]]}
+
+
+def test_non_string_keys():
+    assert loads({1: "a", 2.5: "b", None: "c", False: "d"}) == {"1": "a", "2.5": "b", "null": "c", "false": "d"}
+    out = loads({(1, 2): "tuple key", Color.RED: 1})
+    assert out == {"(1, 2)": "tuple key", str(Color.RED): 1}
+
+
+def test_cycles():
+    d: dict = {"a": 1}
+    d["self"] = d
+    assert loads(d) == {"a": 1, "self": "<cycle>"}
+    lst: list = [1]
+    lst.append(lst)
+    assert loads(lst) == [1, "<cycle>"]
+    a: dict = {}
+    b: dict = {"a": a}
+    a["b"] = b
+    assert loads({"root": a}) == {"root": {"b": {"a": "<cycle>"}}}
+
+
+def test_shared_reference_is_not_a_cycle():
+    shared = {"v": 1}
+    assert loads({"x": shared, "y": shared, "z": [shared, float("nan")]}) == {
+        "x": {"v": 1}, "y": {"v": 1}, "z": [{"v": 1}, "NaN"]}
+
+
+def test_dataclass_cycle():
+    p = Point(1, 2.0)
+    p.tags.append(p)
+    out = loads(p)
+    assert out["x"] == 1 and out["tags"] == ["<cycle>"]
+
+
+def test_broken_repr_never_raises():
+    out = loads(BadRepr())
+    assert isinstance(out, str) and "BadRepr" in out
+    out = loads({"k": [BadEverything(), 1]})
+    assert out["k"][1] == 1 and "BadEverything" in out["k"][0]
+
+
+def test_plain_object_uses_repr():
+    class Thing:
+        def __repr__(self):
+            return "Thing(42)"
+
+    assert loads({"t": Thing()}) == {"t": "Thing(42)"}
+    assert isinstance(loads(object()), str)
+    assert isinstance(loads(lambda x: x), str)
+
+
+@pytest.mark.parametrize("value, expected", [
+    (math.nan, "NaN"), (math.inf, "Infinity"), (-math.inf, "-Infinity"),
+    ([1.0, math.nan], [1.0, "NaN"]), ({"a": {"b": -math.inf}}, {"a": {"b": "-Infinity"}}),
+    ((math.inf,), ["Infinity"]),
+])
+def test_non_finite_floats(value, expected):
+    text, truncated = to_json(value)
+    assert not truncated
+    assert strict_loads(text) == expected
+
+
+def test_deep_nesting():
+    deep: object = "leaf"
+    for _ in range(5000):
+        deep = [deep]
+    text, truncated = to_json(deep)
+    assert not truncated
+    out = strict_loads(text)
+    depth = 0
+    while isinstance(out, list):
+        out = out[0]
+        depth += 1
+    assert out == "<max depth>" and 10 < depth < 5000
+
+    deep_d: object = math.nan
+    for i in range(3000):
+        deep_d = {f"k{i}": deep_d}
+    strict_loads(to_json(deep_d)[0])
+
+
+def test_moderate_nesting_is_exact():
+    v: object = 1
+    for _ in range(200):
+        v = [v]
+    assert loads(v) == v
+
+
+def test_big_container_with_nan_is_capped_per_container():
+    out = loads([math.nan] * 1500)
+    assert len(out) == 1001 and out[0] == "NaN" and "500 more" in out[-1]
+
+
+@pytest.mark.parametrize("max_chars", [1, 10, 100, 1000])
+def test_truncation(max_chars):
+    value = {"text": "x" * 5000, "n": list(range(500))}
+    full, truncated = to_json(value)
+    assert not truncated
+    text, truncated = to_json(value, max_chars=max_chars)
+    assert truncated is True
+    m = re.search(r"\.\.\.\[truncated (\d+) chars\]$", text)
+    assert m, text[-60:]
+    assert int(m.group(1)) == len(full) - max_chars
+    assert text.startswith(full[:max_chars])
+    assert len(text) == max_chars + len(TRUNCATION_MARK.format(m.group(1)))
+
+
+def test_no_truncation_at_exact_size():
+    full, _ = to_json("abcdef")
+    text, truncated = to_json("abcdef", max_chars=len(full))
+    assert (text, truncated) == (full, False)
+    text, truncated = to_json("abcdef", max_chars=len(full) - 1)
+    assert truncated and text.endswith("[truncated 1 chars]")
+
+
+def test_unicode_kept_readable():
+    text, _ = to_json({"msg": "héllo 世界 🙂"})
+    assert "世界" in text and json.loads(text) == {"msg": "héllo 世界 🙂"}
+
+
+JSON_SCALARS = st.one_of(
+    st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=20),
+)
+JSON_VALUES = st.recursive(
+    JSON_SCALARS,
+    lambda children: st.one_of(st.lists(children, max_size=6), st.dictionaries(st.text(max_size=10), children, max_size=6)),
+    max_leaves=40,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(JSON_VALUES)
+def test_json_like_values_round_trip(value):
+    text, truncated = to_json(value)
+    assert not truncated
+    assert strict_loads(text) == value
+
+
+NONFINITE_JSON = st.recursive(
+    st.one_of(JSON_SCALARS, st.floats()),
+    lambda children: st.one_of(st.lists(children, max_size=6), st.dictionaries(st.text(max_size=10), children, max_size=6)),
+    max_leaves=40,
+)
+
+
+def _expected_with_strings(v):
+    if isinstance(v, float) and not math.isfinite(v):
+        return json_float(v)
+    if isinstance(v, list):
+        return [_expected_with_strings(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _expected_with_strings(x) for k, x in v.items()}
+    return v
+
+
+@settings(max_examples=200, deadline=None)
+@given(NONFINITE_JSON)
+def test_values_with_non_finite_floats_are_strict_json(value):
+    text, truncated = to_json(value)
+    assert not truncated
+    assert strict_loads(text) == _expected_with_strings(value)
+
+
+@settings(max_examples=100, deadline=None)
+@given(JSON_VALUES, st.integers(min_value=0, max_value=200))
+def test_truncated_text_is_a_prefix_plus_marker(value, max_chars):
+    full, _ = to_json(value)
+    text, truncated = to_json(value, max_chars=max_chars)
+    assert truncated == (len(full) > max_chars)
+    if truncated:
+        assert text == full[:max_chars] + TRUNCATION_MARK.format(len(full) - max_chars)
+    else:
+        assert text == full
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.floats(), st.integers(), st.booleans()))
+def test_json_float_round_trip(value):
+    encoded = json_float(value)
+    assert type(encoded) in (float, int, bool, str)
+    if type(value) is float and not math.isfinite(value):
+        assert encoded in ("NaN", "Infinity", "-Infinity")
+    else:
+        assert encoded is value
+    back = parse_json_float(strict_loads(json.dumps(encoded, allow_nan=False)))
+    if type(value) is float and math.isnan(value):
+        assert type(back) is float and math.isnan(back)
+    else:
+        assert back == value and type(back) is type(value)
+
+
+def test_parse_json_float_leaves_other_values():
+    assert parse_json_float("nan") == "nan"
+    assert parse_json_float("x") == "x"
+    assert parse_json_float(None) is None
+    assert parse_json_float(3) == 3
