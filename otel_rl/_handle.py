@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import threading
 import time
 from collections.abc import Iterable, Sequence
@@ -127,7 +128,7 @@ class Handle:
                 n = int(step)
                 if isinstance(step, float) and n != step or isinstance(step, (str, bytes)):
                     raise ValueError
-            except (TypeError, ValueError):
+            except (TypeError, ValueError, OverflowError):  # OverflowError: step=inf
                 fallback = st.n if st is not None else self._last_step
                 warn_once(f"bad-step:{type(step).__name__}", "otel-rl: step %r is not an integer; using step %d",
                           step, fallback)
@@ -192,14 +193,15 @@ class Handle:
             self._closed = True
         if RT.handle is self:
             RT.reset()
+        deadline = time.monotonic() + timeout_s  # one budget for all stages and exporters
         self._pipeline.shutdown(timeout_s)
         for e in self.exporters:
             try:
-                e.flush(timeout_s)
+                e.flush(max(0.1, deadline - time.monotonic()))
             except Exception:
                 pass
         try:
-            self.meter_provider.shutdown()
+            self.meter_provider.shutdown(timeout_millis=max(100.0, (deadline - time.monotonic()) * 1000))
         except Exception:
             pass
         for e in self.exporters:
@@ -310,6 +312,17 @@ def init(config: Any = None, *, overrides: Sequence[str] | None = None, tokenize
     if not cfg.disabled:
         _maybe_set_global(cfg)
     return handle
+
+
+def _after_fork_in_child() -> None:
+    # the pipeline's threads do not exist in a forked child: telemetry there is off until it calls init()
+    if RT.handle is not None:
+        RT.reset()
+        _log.debug("otel-rl: forked child: telemetry off until otel_rl.init() is called in the child")
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _shutdown_current() -> None:

@@ -32,6 +32,8 @@ OFF, UNSAMPLED, SAMPLED = 0, 1, 2
 _time_ns = time.time_ns
 _perf = time.perf_counter
 _EMPTY_CONTEXT = otel_context.Context()
+# names read on every traced op call (one global lookup instead of a global and an attribute)
+_OP_INPUTS, _OP_OUTPUT, _TRUNCATED, _KIND_LLM = sc.RL_OP_INPUTS, sc.RL_OP_OUTPUT, sc.RL_TRUNCATED, sc.KIND_LLM
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -97,14 +99,14 @@ class step:
 
     def __exit__(self, et: Any, ev: BaseException | None, tb: Any) -> bool:
         st = self._st
+        if st.timings and RT.handle is not None:
+            RT.handle.log(dict(st.timings), step=st.n)  # while the step is current: parented to its span
         STEP.reset(st.var_token)
         if st.span is not None:
             otel_context.detach(st.ctx_token)
             if ev is not None:
                 _record_exception(st.span, ev)
             st.span.end()
-        if st.timings and RT.handle is not None:
-            RT.handle.log(dict(st.timings), step=st.n)
         return False
 
     async def __aenter__(self) -> _StepState:
@@ -300,7 +302,7 @@ def _emit_kept_error(st: TrajectoryState, ev: BaseException | None) -> None:
 
 class _OpMeta:
     __slots__ = ("fn", "name", "kind", "attrs", "pos_names", "skip_first", "varargs", "defaults", "is_method",
-                 "tool_call_arg", "model")
+                 "tool_call_arg", "model", "order")
 
     def __init__(self, fn: Callable, name: str | None, kind: str, attrs: dict, tool_call_arg: tuple = (),
                  model: str | None = None):
@@ -325,6 +327,8 @@ class _OpMeta:
         self.varargs = var[0].name if var else "args"
         self.defaults = {p.name: p.default for p in params
                          if p.default is not p.empty and p.kind != p.VAR_KEYWORD and not (self.skip_first and p is params[0])}
+        # declared names (VAR_POSITIONAL under its own name, **kwargs last) to order keyword calls by
+        self.order = tuple(p.name for p in params[1 if self.skip_first else 0:] if p.kind != p.VAR_KEYWORD)
 
     def bind(self, args: tuple, kwargs: dict) -> dict[str, Any]:
         """Arguments by parameter name (declaration order, defaults filled in), without self."""
@@ -343,16 +347,19 @@ class _OpMeta:
             for k, v in self.defaults.items():
                 if k not in d:
                     d[k] = v
+        if kwargs:  # keyword arguments may come in any order: restore declaration order
+            ordered = {k: d.pop(k) for k in self.order if k in d}
+            ordered.update(d)
+            d = ordered
         return d
 
 
 def _start_op_span(meta: _OpMeta, args: tuple, kwargs: dict) -> Any:
-    attrs = dict(meta.attrs)
     inputs = meta.bind(args, kwargs)
     text, truncated = to_json(inputs, RT.max_chars)
-    attrs[sc.RL_OP_INPUTS] = text
+    attrs = {**meta.attrs, _OP_INPUTS: text}
     if truncated:
-        attrs[sc.RL_TRUNCATED] = True
+        attrs[_TRUNCATED] = True
     if meta.tool_call_arg:
         for a in meta.tool_call_arg:
             v = inputs.get(a)
@@ -379,10 +386,10 @@ def _usage_from(result: Any) -> tuple[int | None, int | None]:
 
 def _finish_op_span(span: Any, meta: _OpMeta, result: Any, args: tuple) -> None:
     text, truncated = to_json(result, RT.max_chars)
-    span.set_attribute(sc.RL_OP_OUTPUT, text)
+    span.set_attribute(_OP_OUTPUT, text)
     if truncated:
-        span.set_attribute(sc.RL_TRUNCATED, True)
-    if meta.kind == sc.KIND_LLM:
+        span.set_attribute(_TRUNCATED, True)
+    if meta.kind == _KIND_LLM:
         try:
             pin, pout = _usage_from(result)
             if pin is not None:
@@ -529,6 +536,8 @@ def _wrap_gen(fn: Callable, meta: _OpMeta) -> Callable:
         except GeneratorExit:
             raise
         except BaseException as exc:
+            if items:  # what was yielded before the error is still the op's output
+                span.set_attribute(sc.RL_OP_OUTPUT, to_json(items, RT.max_chars)[0])
             _record_exception(span, exc)
             raise
         finally:
@@ -586,6 +595,8 @@ def _wrap_asyncgen(fn: Callable, meta: _OpMeta) -> Callable:
         except GeneratorExit:
             raise
         except BaseException as exc:
+            if items:  # what was yielded before the error is still the op's output
+                span.set_attribute(sc.RL_OP_OUTPUT, to_json(items, RT.max_chars)[0])
             _record_exception(span, exc)
             raise
         finally:
