@@ -91,6 +91,14 @@ class ExporterStats:
         return {k: getattr(self, k) for k in self.__slots__}
 
 
+# Errors that say "this data is wrong", not "the tracker is unreachable": a batch that fails
+# with one of them POISON_MAX_ATTEMPTS times in a row is dropped (counted, logged) so it cannot
+# block everything behind it.  Any other error (OSError, ConnectionError, a tracker's own
+# exception) is retried with backoff for as long as the process runs.
+POISON_ERRORS = (ValueError, TypeError, KeyError, AttributeError, IndexError, RecursionError, NotImplementedError)
+POISON_MAX_ATTEMPTS = 3
+
+
 class DeliveryQueue:
     """One exporter's batches, delivered in order on its own thread."""
 
@@ -125,6 +133,8 @@ class DeliveryQueue:
 
     def _run(self) -> None:
         attempt = 0
+        poison_attempts = 0
+        spans_done: Any = None
         while True:
             with self._cond:
                 while not self._batches and not self._stop:
@@ -138,8 +148,9 @@ class DeliveryQueue:
                 spans, records = self._batches[0]
                 self._busy = True
             try:
-                if spans:
+                if spans and spans_done is not spans:
                     self.exporter.export_spans(spans)
+                    spans_done = spans  # a retry after a records failure does not resend the spans
                 if records:
                     self.exporter.export_records(records)
             except Exception as exc:  # the exporter failed: keep the batch, back off, retry
@@ -147,7 +158,19 @@ class DeliveryQueue:
                 warn_once(f"export-fail:{self.name}:{type(exc).__name__}",
                           "otel-rl: exporter %r failed (%s: %s); the batch is kept and retried",
                           self.name, type(exc).__name__, exc)
+                poison_attempts = poison_attempts + 1 if isinstance(exc, POISON_ERRORS) else 0
                 with self._cond:
+                    if poison_attempts >= POISON_MAX_ATTEMPTS and self._batches:
+                        # the same data error every time: this batch will never go through
+                        bad_s, bad_r = self._batches.popleft()
+                        lost = len(bad_s) + len(bad_r)
+                        self.stats.queued -= lost
+                        self.stats.dropped += lost
+                        _log.error("otel-rl: exporter %r rejected a batch %d times (%s: %s); dropped its %d items",
+                                   self.name, poison_attempts, type(exc).__name__, exc, lost)
+                        poison_attempts = 0
+                        attempt = 0
+                        continue
                     if self._stop:  # shutting down: give up on what is left, counted
                         lost = sum(len(s) + len(r) for s, r in self._batches)
                         self._batches.clear()
@@ -163,6 +186,7 @@ class DeliveryQueue:
                     self._cond.wait(delay * (0.5 + random.random()))
                 continue
             attempt = 0
+            poison_attempts = 0
             with self._cond:
                 if self._batches and self._batches[0][0] is spans and self._batches[0][1] is records:
                     self._batches.popleft()
@@ -182,9 +206,16 @@ class DeliveryQueue:
 
     def stop(self, timeout_s: float) -> None:
         self.wait_idle(timeout_s)
+        self.request_stop()
+        self._thread.join(timeout_s)
+
+    def request_stop(self) -> None:
+        """Deliver what is queued, but drop (counted) instead of retrying on failure; then end."""
         with self._cond:
             self._stop = True
             self._cond.notify_all()
+
+    def join(self, timeout_s: float) -> None:
         self._thread.join(timeout_s)
 
 
@@ -238,12 +269,17 @@ class Pipeline:
         return ok
 
     def shutdown(self, timeout_s: float = 30.0) -> None:
+        """Deliver what was submitted, within `timeout_s` overall (not per exporter)."""
+        deadline = time.monotonic() + timeout_s
         self.flush(timeout_s)
         self._stopping = True
         self._wake.set()
-        self._worker.join(timeout_s)
+        self._worker.join(max(0.0, deadline - time.monotonic()))
+        for q in self.queues:  # all at once: a failing exporter gives up (and counts) in parallel
+            q.request_stop()
         for q in self.queues:
-            q.stop(timeout_s)
+            # a small floor lets a queue that was retrying make its last attempt and count the loss
+            q.join(max(0.05, deadline - time.monotonic()))
 
     # -- worker side -----------------------------------------------------------------
     def _run(self) -> None:

@@ -495,13 +495,17 @@ def test_init_unknown_exporter_via_config_and_trace_backend():
         otel_rl.init(logger="tensorboard")
 
 
-def test_init_mlflow_without_exporter_distribution_says_how_to_install():
-    eps = {ep.name for ep in metadata.entry_points(group="otel_rl.exporters")}
-    if "mlflow" in eps:
-        pytest.skip("the otel-rl mlflow exporter is installed")
+@pytest.mark.parametrize("name", ["mlflow", "wandb", "swanlab", "weave"])
+def test_init_tracker_without_exporter_distribution_says_how_to_install(monkeypatch, name):
+    from otel_rl.exporters import registry
+
+    # as on a machine without the otel-rl-<tracker> distribution (it may be installed here)
+    real = registry._entry_points
+    monkeypatch.setattr(registry, "_entry_points", lambda: {k: v for k, v in real().items() if k != name})
     with pytest.raises(otel_rl.UnknownExporterError) as info:
-        otel_rl.init(logger=["console", "mlflow"])
-    assert "pip install 'otel-rl[mlflow]'" in str(info.value)
+        otel_rl.init(logger=["console", name])
+    assert f"pip install 'otel-rl[{name}]'" in str(info.value)
+    assert otel_rl.current() is None
 
 
 def test_init_bad_config_raises_config_error():

@@ -1,11 +1,17 @@
 """`console`: one line per `log()` call in verl's format, ``step:N - key:value - ...``.
 
-Values are printed with three decimals (``{v:.3f}``), as verl's console logger
-does; non-finite values print as ``nan`` / ``inf`` / ``-inf``.
+Byte-for-byte verl's console logger (``verl.utils.logger.aggregate_logger``,
+``concat_dict_to_str``, verl >= 0.5; checked against 0.9.1): every numeric
+value as ``pprint.pformat(v)``, i.e. full ``repr`` precision (``0.25``,
+``3``, ``True``, ``nan``, ``inf``).  verl <= 0.3 printed ``{v:.3f}``.
+Values are the coerced scalars (a numpy or torch scalar prints as the plain
+Python number).
 """
 
 from __future__ import annotations
 
+import numbers
+import pprint
 import sys
 from collections.abc import Sequence
 from typing import Any, TextIO
@@ -17,7 +23,8 @@ from .base import Exporter
 def format_line(data: dict[str, Any], step: int) -> str:
     parts = [f"step:{step}"]
     for k, v in data.items():
-        parts.append(f"{k}:{v:.3f}")
+        if isinstance(v, numbers.Number):
+            parts.append(f"{k}:{pprint.pformat(v)}")
     return " - ".join(parts)
 
 
@@ -29,5 +36,10 @@ class ConsoleExporter(Exporter):
         lines = [format_line(r.values, r.step) for r in records if isinstance(r, StepMetrics)]
         if lines:
             out = self._stream or sys.stdout
-            out.write("\n".join(lines) + "\n")
+            text = "\n".join(lines) + "\n"
+            try:
+                out.write(text)
+            except UnicodeEncodeError:  # a key the terminal cannot show: escape it, never lose the line
+                enc = getattr(out, "encoding", None) or "utf-8"
+                out.write(text.encode(enc, "backslashreplace").decode(enc, "replace"))
             out.flush()

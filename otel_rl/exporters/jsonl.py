@@ -1,10 +1,13 @@
 """`file` / `jsonl`: one JSON object per `log()` call, ``{"step":N,"data":{...}}``.
 
-The bytes match verl's file logger (compact separators, keys in the order
-logged, UTF-8).  Where verl writes ``null`` for NaN and +-Inf (losing which
-one it was), otel-rl writes the strings ``"NaN"``, ``"Infinity"`` and
-``"-Infinity"``: the file stays valid JSON for strict readers and nothing is
-lost (`otel_rl.serialize.parse_json_float` turns them back).
+The bytes match verl's file logger, ``orjson.dumps({"step": step, "data": data})
++ b"\\n"`` (compact separators, keys in the order logged, UTF-8, orjson's float
+text such as ``1e-6`` and ``0.00001``): orjson itself when it is installed,
+otherwise the same text built here.  Where verl writes ``null`` for NaN and
++-Inf (losing which one it was), otel-rl writes the strings ``"NaN"``,
+``"Infinity"`` and ``"-Infinity"``: the file stays valid JSON for strict
+readers and nothing is lost (`otel_rl.serialize.parse_json_float` turns them
+back).
 
 Path: config ``jsonl_path`` (``OTEL_RL_JSONL_PATH``) > ``VERL_FILE_LOGGER_PATH``
 > ``$VERL_FILE_LOGGER_ROOT/<project>/<experiment>.jsonl`` (root default ``.``).
@@ -22,11 +25,57 @@ from ..records import StepMetrics
 from ..serialize import json_float
 from .base import Exporter
 
+try:
+    import orjson as _orjson
+except ImportError:  # pragma: no cover - orjson is optional
+    _orjson = None
+
+
+def _float_text(v: float) -> str:
+    """A finite float as orjson writes it: ``repr`` except ``1e-6`` (not ``1e-06``), ``0.00001``."""
+    r = repr(v)
+    mant, sep, exp = r.partition("e")
+    if not sep:
+        return r
+    e = int(exp)
+    if e == -5:
+        sign = "-" if mant.startswith("-") else ""
+        return sign + "0.0000" + mant.lstrip("-").replace(".", "")
+    return f"{mant}e{'+' if e > 0 else '-'}{abs(e)}"
+
+
+def _str_text(s: str) -> str:
+    text = json.dumps(s, ensure_ascii=False)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # lone surrogates: escaped, so the line stays valid UTF-8
+        text = json.dumps(s)
+    return text
+
+
+def _value_text(v: Any) -> str:
+    if v is True or v is False:
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(int(v))
+    if isinstance(v, float):
+        return _float_text(v)
+    return _str_text(str(v))
+
+
+def _encode_fallback(step: int, clean: dict[str, Any]) -> bytes:
+    body = ",".join(f"{_str_text(str(k))}:{_value_text(v)}" for k, v in clean.items())
+    return ('{"step":' + str(int(step)) + ',"data":{' + body + "}}\n").encode("utf-8")
+
 
 def encode_line(step: int, data: dict[str, Any]) -> bytes:
     clean = {k: json_float(v) for k, v in data.items()}
-    return json.dumps({"step": step, "data": clean}, separators=(",", ":"), ensure_ascii=False,
-                      allow_nan=False).encode("utf-8") + b"\n"
+    if _orjson is not None:
+        try:
+            return _orjson.dumps({"step": step, "data": clean}) + b"\n"
+        except TypeError:  # ints beyond 64 bits, lone surrogates: orjson (so verl) cannot write them
+            pass
+    return _encode_fallback(step, clean)
 
 
 def resolve_path(config: Any) -> str:

@@ -32,7 +32,11 @@ class TrackerExporter(Exporter):
     def __init__(self, config: Any):
         self.config = config
         self.runs: dict[RunIdentity, Any] = {}
-        self._written: set[tuple[int, str]] = set()  # (id(batch part), part) already delivered
+        # (id(batch part), part) already delivered -> the part's record, kept referenced so that
+        # its id cannot be reused by a later record while the key is here (a batch dropped
+        # while being retried leaves its keys behind until the next delivered batch)
+        self._written: dict[tuple[int, str], Any] = {}
+        self._inflight: Any = None  # the batch being retried; a different batch resets the progress
         backend = getattr(config, "trace_backend", None)
         self.wants_trajectories = (backend == self.tracker_name) if self.traces_only_as_backend else True
 
@@ -57,6 +61,10 @@ class TrackerExporter(Exporter):
 
     # -- machinery -------------------------------------------------------------------------
     def export_records(self, records: Sequence[Any]) -> None:
+        if records is not self._inflight:
+            # a new batch (the previous one was delivered or given up): forget partial progress
+            self._written.clear()
+            self._inflight = records
         groups: OrderedDict[RunIdentity, list[Any]] = OrderedDict()
         for r in records:
             groups.setdefault(r.run, []).append(r)
@@ -78,13 +86,14 @@ class TrackerExporter(Exporter):
                 if items:
                     self._once(items[0], label, lambda w=write, i=items: w(handle, i))
         self._written.clear()  # the whole batch is delivered
+        self._inflight = None
 
     def _once(self, key_obj: Any, label: str, fn: Any) -> None:
         key = (id(key_obj), label)
         if key in self._written:
             return
         fn()
-        self._written.add(key)
+        self._written[key] = key_obj
 
     def shutdown(self) -> None:
         for handle in list(self.runs.values()):
