@@ -1,0 +1,541 @@
+"""The MLflow tracker exporter.
+
+One MLflow run per otel-rl run identity, through `MlflowClient` (never the fluent
+active run, so several runs coexist in one process and nothing leaks into the
+user's own ``mlflow.start_run()``):
+
+=========================  ===================================================
+otel-rl                    MLflow
+=========================  ===================================================
+project                    experiment (created when missing)
+experiment                 run name
+run id                     run tag ``rl.run.id``; a later process with the same
+                           run id reattaches to that run
+config (RunStart)          params, flattened like verl (``a/b/c``, lists as
+                           ``list_len`` + indices), 100 per ``log_batch``
+``log()`` (StepMetrics)    metrics, ``log_batch`` with up to 1000 points per
+                           call across steps, timestamp and step of the record
+``log_generations()``      table ``val_generations/step_<n>.json`` per step
+                           (``mlflow.load_table`` reads it)
+trajectories               one trace each (full span tree) linked to the run
+=========================  ===================================================
+
+Everything runs on the exporter's delivery thread.  Any MLflow error propagates
+(the core keeps the batch and retries it); every write is safe to repeat.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from otel_rl import semconv as sc
+from otel_rl.exporters.tracker import TrackerExporter, flatten_config
+from otel_rl.records import Generations, RunIdentity, RunStart, StepMetrics, Trajectory
+
+from . import _traces
+from ._keys import (
+    MAX_EXPERIMENT_NAME_CHARS,
+    MAX_KEY_CHARS,
+    MAX_PARAM_VALUE_CHARS,
+    MAX_TAG_VALUE_CHARS,
+    KeyMapper,
+    param_value,
+    shorten_name,
+    truncate,
+)
+
+_log = logging.getLogger("otel_rl")
+
+#: verl's default when MLFLOW_TRACKING_URI is not set
+DEFAULT_TRACKING_URI = "sqlite:////tmp/mlruns.db"
+#: run tag holding the otel-rl run id (how a later process finds the run again)
+RUN_ID_TAG = sc.RL_RUN_ID
+#: run tag listing the metric points that were +-Inf (MLflow stores them as +-1.797e308)
+INF_METRICS_TAG = "otel_rl.inf_metrics"
+#: artifact path of the validation generations table of step n
+GENERATIONS_TABLE = "val_generations/step_{step}.json"
+GENERATIONS_COLUMNS = ["step", "input", "output", "score"]
+LOGGED_ARTIFACTS_TAG = "mlflow.loggedArtifacts"  # mlflow.utils.mlflow_tags.MLFLOW_LOGGED_ARTIFACTS
+
+MAX_METRICS_PER_BATCH = 1000  # MLflow MAX_METRICS_PER_BATCH
+MAX_ENTITIES_PER_BATCH = 1000  # MLflow MAX_ENTITIES_PER_BATCH (metrics + params + tags)
+MAX_PARAMS_TAGS_PER_BATCH = 100  # MLflow MAX_PARAMS_TAGS_PER_BATCH
+MAX_TRACES_PER_CALL = 100  # MLflow MAX_TRACE_LINKS_PER_REQUEST; also near the sqlite store's sweet spot
+MAX_SPANS_PER_CALL = 2000
+MAX_BYTES_PER_CALL = 8 << 20
+INF_STEPS_KEPT = 1000  # per key, for the tag
+CLOSE_TIMEOUT_S = 10.0
+# MLflow error codes that mean "this request is wrong" (retrying cannot help)
+_DATA_ERROR_CODES = {"INVALID_PARAMETER_VALUE", "BAD_REQUEST", "INVALID_STATE"}
+
+
+def resolve_tracking_uri(explicit: str | None = None) -> str:
+    """MLflow's own order, then verl's default: ``tracking_uri`` argument > ``mlflow.set_tracking_uri()``
+    in this process > ``MLFLOW_TRACKING_URI`` > ``sqlite:////tmp/mlruns.db``."""
+    if explicit:
+        return explicit
+    try:
+        from mlflow.tracking._tracking_service import utils as _u
+
+        if _u._tracking_uri:  # set in this process with mlflow.set_tracking_uri()
+            return str(_u._tracking_uri)
+    except Exception:  # pragma: no cover - private attribute moved
+        pass
+    return os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+
+
+@contextlib.contextmanager
+def _data_errors() -> Iterator[None]:
+    """MLflow said the data of a write is wrong (it will be every time): raise ValueError so the
+    core drops that batch after a few attempts instead of retrying it for ever.  Connection and
+    server errors pass through unchanged (retried)."""
+    try:
+        yield
+    except Exception as exc:
+        if getattr(exc, "error_code", None) in _DATA_ERROR_CODES and not isinstance(exc, ValueError):
+            raise ValueError(f"MLflow rejected the data: {exc}") from exc
+        raise
+
+
+class _Run:
+    """State of one MLflow run (one otel-rl run identity)."""
+
+    def __init__(self, run_id: str, experiment_id: str, params: dict[str, str], tags: dict[str, str], new: bool):
+        self.run_id = run_id
+        self.experiment_id = experiment_id
+        self.params = params  # MLflow param key -> value, as stored
+        self.tags = tags
+        self.new = new
+        self.inf: dict[str, dict[int, str]] = {}  # metric key -> {step: "+inf"/"-inf"}
+        self.inf_tag_sent = tags.get(INF_METRICS_TAG)
+        self.gen_rows: OrderedDict[int, list[list[Any]]] = OrderedDict()  # recent steps' table rows
+        self.gen_done: set[tuple[int, int, int]] = set()
+        self.gen_listing: set[str] | None = None
+        try:
+            self.tables: list[dict[str, str]] = json.loads(tags.get(LOGGED_ARTIFACTS_TAG, "[]"))
+        except ValueError:
+            self.tables = []
+        self.closed = False
+
+    def inf_tag_value(self) -> str | None:
+        if not self.inf:
+            return None
+        full = {}
+        for key, steps in sorted(self.inf.items()):
+            pos = sorted(s for s, v in steps.items() if v == "+inf")
+            neg = sorted(s for s, v in steps.items() if v == "-inf")
+            entry: dict[str, Any] = {"count": len(steps) if len(steps) < INF_STEPS_KEPT else f"{INF_STEPS_KEPT}+"}
+            if pos:
+                entry["+inf_steps"] = pos[:20]
+            if neg:
+                entry["-inf_steps"] = neg[:20]
+            full[key] = entry
+        text = json.dumps(full, ensure_ascii=False, sort_keys=True)
+        if len(text) <= MAX_TAG_VALUE_CHARS:
+            return text
+        counts = {k: v["count"] for k, v in full.items()}
+        text = json.dumps(counts, ensure_ascii=False, sort_keys=True)
+        if len(text) <= MAX_TAG_VALUE_CHARS:
+            return text
+        kept: dict[str, Any] = {}
+        for k, v in counts.items():
+            kept[k] = v
+            if len(json.dumps(kept, ensure_ascii=False)) > MAX_TAG_VALUE_CHARS - 40:
+                del kept[k]
+                break
+        kept["..."] = f"{len(counts) - len(kept)} more keys"
+        return json.dumps(kept, ensure_ascii=False)
+
+
+class MlflowExporter(TrackerExporter):
+    """otel-rl -> MLflow.  Settings come from the environment (see the README)."""
+
+    tracker_name = "mlflow"
+
+    def __init__(self, config: Any, tracking_uri: str | None = None):
+        super().__init__(config)
+        self._explicit_uri = tracking_uri
+        self.tracking_uri: str | None = None
+        self._client: Any = None
+        self._tracing: Any = None
+        self._spans: _traces.SpanBuilder | None = None
+        self._metric_keys = KeyMapper("metric")
+        self._param_keys = KeyMapper("param")
+        self._progress: dict[tuple, int] = {}  # chunks of a failed write already delivered
+        self._warned: set[str] = set()
+        self._log_spans_supported = True
+
+    # -- clients ------------------------------------------------------------------------
+    def _clients(self) -> tuple[Any, Any]:
+        if self._client is None:
+            from mlflow import MlflowClient
+            from mlflow.tracing.client import TracingClient
+
+            uri = resolve_tracking_uri(self._explicit_uri)
+            client = MlflowClient(tracking_uri=uri)  # raises for an unusable URI: retried later
+            self._tracing = TracingClient(uri)
+            self._client = client
+            self.tracking_uri = uri
+        return self._client, self._tracing
+
+    def _warn_once(self, key: str, msg: str, *args: Any) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            _log.warning(msg, *args)
+
+    def export_records(self, records: Sequence[Any]) -> None:
+        if records is not getattr(self, "_inflight", None):
+            self._progress.clear()  # a new batch: partial progress of a dropped one is void
+        super().export_records(records)
+
+    # -- runs -----------------------------------------------------------------------------
+    def _identity(self, ident: RunIdentity) -> RunIdentity:
+        c = self.config
+        return RunIdentity(ident.project or getattr(c, "project", "") or "otel_rl",
+                           ident.experiment or getattr(c, "experiment", "") or "default",
+                           ident.run_id or getattr(c, "run_id", ""))
+
+    def _experiment_id(self, name: str) -> str:
+        from mlflow.exceptions import MlflowException
+
+        client, _ = self._clients()
+        name = shorten_name(name, MAX_EXPERIMENT_NAME_CHARS)
+        exp = client.get_experiment_by_name(name)
+        if exp is None:
+            try:
+                return client.create_experiment(name)
+            except MlflowException as exc:  # created meanwhile by another process
+                exp = client.get_experiment_by_name(name)
+                if exp is None:
+                    raise exc
+        if exp.lifecycle_stage != "active":
+            raise RuntimeError(f"MLflow experiment {name!r} is deleted; restore it "
+                               f"(`mlflow experiments restore --experiment-id {exp.experiment_id}`) "
+                               "or use another project name")
+        return exp.experiment_id
+
+    def _find_runs(self, experiment_id: str, run_id: str) -> list[Any]:
+        from mlflow.entities import ViewType
+
+        client, _ = self._clients()
+        if "'" not in run_id:
+            literal = f"'{run_id}'"
+        elif '"' not in run_id:
+            literal = f'"{run_id}"'
+        else:
+            self._warn_once(f"quote:{run_id}", "otel-rl: run id %r cannot be searched in MLflow; a new run is created",
+                            run_id)
+            return []
+        runs = client.search_runs([experiment_id], filter_string=f"tags.`{RUN_ID_TAG}` = {literal}",
+                                  run_view_type=ViewType.ACTIVE_ONLY, max_results=10)
+        return sorted(runs, key=lambda r: (r.info.start_time or 0, r.info.run_id))
+
+    def open_run(self, run: RunIdentity, start: RunStart | None) -> _Run:
+        client, _ = self._clients()
+        ident = self._identity(run)
+        env_run = os.environ.get("MLFLOW_RUN_ID")
+        mlrun = None
+        new = False
+        if env_run and ident.run_id == (getattr(self.config, "run_id", "") or ident.run_id):
+            mlrun = client.get_run(env_run)  # attach to the run the user named
+            if RUN_ID_TAG not in mlrun.data.tags and ident.run_id:
+                client.set_tag(mlrun.info.run_id, RUN_ID_TAG, ident.run_id)
+                mlrun.data.tags[RUN_ID_TAG] = ident.run_id
+        else:
+            experiment_id = self._experiment_id(ident.project)
+            found = self._find_runs(experiment_id, ident.run_id) if ident.run_id else []
+            if found:
+                mlrun = found[0]
+            else:
+                tags = {RUN_ID_TAG: ident.run_id} if ident.run_id else {}
+                mlrun = client.create_run(experiment_id, run_name=shorten_name(ident.experiment, MAX_KEY_CHARS),
+                                          tags=tags)
+                new = True
+                if ident.run_id:  # two processes created it at once: all keep the oldest
+                    found = self._find_runs(experiment_id, ident.run_id)
+                    if found and found[0].info.run_id != mlrun.info.run_id:
+                        client.delete_run(mlrun.info.run_id)
+                        mlrun, new = found[0], False
+        if mlrun.info.status != "RUNNING":
+            client.update_run(mlrun.info.run_id, status="RUNNING")
+        handle = _Run(mlrun.info.run_id, mlrun.info.experiment_id, dict(mlrun.data.params), dict(mlrun.data.tags), new)
+        if start is not None:
+            self.update_config(handle, start)
+        return handle
+
+    def update_config(self, handle: _Run, start: RunStart) -> None:
+        with _data_errors():
+            self._update_config(handle, start)
+
+    def _update_config(self, handle: _Run, start: RunStart) -> None:
+        from mlflow.entities import Param
+
+        client, _ = self._clients()
+        todo: list[Any] = []
+        for k, v in flatten_config(start.config).items():
+            key = self._param_keys(str(k))
+            value, cut = truncate(param_value(v), MAX_PARAM_VALUE_CHARS)
+            if cut:
+                self._warn_once(f"param-cut:{key}", "otel-rl: MLflow param %r is longer than %d characters; truncated",
+                                key, MAX_PARAM_VALUE_CHARS)
+            old = handle.params.get(key)
+            if old == value:
+                continue
+            if old is not None:
+                self._warn_once(f"param-changed:{handle.run_id}:{key}",
+                                "otel-rl: MLflow param %r of run %s is already %r; new value %r not logged "
+                                "(MLflow params cannot change)", key, handle.run_id, old[:200], value[:200])
+                continue
+            todo.append(Param(key, value))
+        for i in range(0, len(todo), MAX_PARAMS_TAGS_PER_BATCH):
+            part = todo[i:i + MAX_PARAMS_TAGS_PER_BATCH]
+            client.log_batch(handle.run_id, params=part)
+            for p in part:
+                handle.params[p.key] = p.value
+
+    def close_run(self, handle: _Run) -> None:
+        if handle.closed:
+            return
+        client, _ = self._clients()
+        client.set_terminated(handle.run_id, "FINISHED")
+        handle.closed = True
+
+    def shutdown(self) -> None:
+        """End the runs (FINISHED), bounded in time: a dead server must not hold up the exit."""
+        runs = list(self.runs.values())
+        self.runs.clear()
+        if not runs or self._client is None:
+            return
+
+        def close_all() -> None:
+            for h in runs:
+                try:
+                    self.close_run(h)
+                except Exception as exc:
+                    _log.warning("otel-rl: could not mark MLflow run %s finished: %s", h.run_id, exc)
+
+        t = threading.Thread(target=close_all, name="otel-rl-mlflow-close", daemon=True)
+        t.start()
+        t.join(CLOSE_TIMEOUT_S)
+
+    # -- metrics -------------------------------------------------------------------------
+    def write_metrics(self, handle: _Run, metrics: list[StepMetrics]) -> None:
+        with _data_errors():
+            self._write_metrics(handle, metrics)
+
+    def _write_metrics(self, handle: _Run, metrics: list[StepMetrics]) -> None:
+        from mlflow.entities import Metric, RunTag
+
+        client, _ = self._clients()
+        keys = self._metric_keys
+        points: list[Any] = []
+        inf = handle.inf
+        isinf = math.isinf
+        for r in metrics:
+            ts = r.time_ns // 1_000_000
+            step = r.step
+            for k, v in r.values.items():
+                key = keys(k)
+                t = type(v)
+                if t is float:
+                    value = v
+                elif t is bool:
+                    value = 1.0 if v else 0.0
+                else:
+                    try:
+                        value = float(v)
+                    except OverflowError:  # an int beyond the double range
+                        value = math.inf if v > 0 else -math.inf
+                if isinf(value):  # stored by MLflow as +-1.797e308: flagged in a run tag
+                    steps = inf.setdefault(key, {})
+                    if len(steps) < INF_STEPS_KEPT:
+                        steps[step] = "+inf" if value > 0 else "-inf"
+                points.append(Metric(key, value, ts, step))
+        tags = []
+        inf_text = handle.inf_tag_value()
+        if inf_text is not None and inf_text != handle.inf_tag_sent:
+            tags.append(RunTag(INF_METRICS_TAG, inf_text))
+        self._send_metrics(client, handle, metrics, points, tags)
+        if tags:
+            handle.inf_tag_sent = inf_text
+
+    def _send_metrics(self, client: Any, handle: _Run, records: list[Any], points: list[Any], tags: list[Any]) -> None:
+        calls: list[tuple[list[Any], list[Any]]] = []
+        i = 0
+        n = len(points)
+        while i < n:
+            calls.append((points[i:i + MAX_METRICS_PER_BATCH], []))
+            i += MAX_METRICS_PER_BATCH
+        if tags:
+            if calls and len(calls[-1][0]) + len(tags) <= MAX_ENTITIES_PER_BATCH:
+                calls[-1] = (calls[-1][0], tags)
+            else:
+                calls.append(([], tags))
+        key = self._progress_key("metrics", records)
+        done = self._progress.get(key, 0)
+        for j in range(done, len(calls)):
+            ms, ts = calls[j]
+            try:
+                client.log_batch(handle.run_id, metrics=ms, tags=ts)
+            except Exception:
+                self._progress[key] = j
+                raise
+        self._progress.pop(key, None)
+
+    def _progress_key(self, part: str, records: Sequence[Any]) -> tuple:
+        first, last = records[0], records[-1]
+        return (part, id(first), getattr(first, "time_ns", 0), id(last), getattr(last, "time_ns", 0), len(records))
+
+    # -- generations ---------------------------------------------------------------------
+    def write_generations(self, handle: _Run, generations: list[Generations]) -> None:
+        with _data_errors():
+            self._write_generations(handle, generations)
+
+    def _write_generations(self, handle: _Run, generations: list[Generations]) -> None:
+        client, _ = self._clients()
+        by_step: OrderedDict[int, list[Generations]] = OrderedDict()
+        for g in generations:
+            if (g.step, g.time_ns, len(g.rows)) not in handle.gen_done:
+                by_step.setdefault(g.step, []).append(g)
+        for step, gens in by_step.items():
+            path = GENERATIONS_TABLE.format(step=step)
+            rows = self._table_rows(client, handle, step, path)
+            new_rows = rows + [[step, inp, out, score if math.isfinite(score) else None]
+                               for g in gens for inp, out, score in g.rows]
+            text = json.dumps({"columns": GENERATIONS_COLUMNS, "data": new_rows}, ensure_ascii=False)
+            client.log_text(handle.run_id, text, path)  # the whole table of the step: a retry rewrites it
+            handle.gen_rows[step] = new_rows
+            handle.gen_rows.move_to_end(step)
+            while len(handle.gen_rows) > 4:
+                handle.gen_rows.popitem(last=False)
+            if handle.gen_listing is not None:
+                handle.gen_listing.add(path)
+            for g in gens:
+                handle.gen_done.add((g.step, g.time_ns, len(g.rows)))
+            self._register_table(client, handle, path)
+
+    def _table_rows(self, client: Any, handle: _Run, step: int, path: str) -> list[list[Any]]:
+        rows = handle.gen_rows.get(step)
+        if rows is not None:
+            return rows
+        if handle.new and handle.gen_listing is None:
+            handle.gen_listing = set()
+        if handle.gen_listing is None:
+            handle.gen_listing = {f.path for f in client.list_artifacts(handle.run_id, "val_generations")}
+        if path not in handle.gen_listing:
+            return []
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as tmp:
+            local = client.download_artifacts(handle.run_id, path, tmp)
+            with open(local, encoding="utf-8") as f:
+                data = json.load(f)
+        return [list(r) for r in data.get("data", [])]
+
+    def _register_table(self, client: Any, handle: _Run, path: str) -> None:
+        entry = {"path": path, "type": "table"}
+        if entry in handle.tables:
+            return
+        tables = handle.tables + [entry]
+        text = json.dumps(tables)
+        if len(text) > MAX_TAG_VALUE_CHARS:
+            self._warn_once(f"tables-tag:{handle.run_id}",
+                            "otel-rl: run %s has too many tables for MLflow's %s tag; later tables are logged "
+                            "(mlflow.load_table reads them) but not listed in the UI's table view",
+                            handle.run_id, LOGGED_ARTIFACTS_TAG)
+            return
+        client.set_tag(handle.run_id, LOGGED_ARTIFACTS_TAG, text)
+        handle.tables = tables
+
+    # -- traces ----------------------------------------------------------------------------
+    def write_trajectories(self, handle: _Run, trajectories: list[Trajectory]) -> None:
+        with _data_errors():
+            self._write_trajectories(handle, trajectories)
+
+    def _write_trajectories(self, handle: _Run, trajectories: list[Trajectory]) -> None:
+        client, tracing = self._clients()
+        if self._spans is None:
+            self._spans = _traces.SpanBuilder()
+        calls = _traces.chunks(trajectories, MAX_TRACES_PER_CALL, MAX_SPANS_PER_CALL, MAX_BYTES_PER_CALL)
+        key = self._progress_key("traces", trajectories)
+        done = self._progress.get(key, 0)
+        for j in range(done, len(calls)):
+            try:
+                self._log_traces(client, tracing, handle, calls[j])
+            except Exception:
+                self._progress[key] = j
+                raise
+        self._progress.pop(key, None)
+
+    def _log_traces(self, client: Any, tracing: Any, handle: _Run, trajs: list[Trajectory]) -> None:
+        builder = self._spans
+        spans: list[Any] = []
+        for t in trajs:
+            spans.extend(builder.spans(t))
+        ids = [_traces.mlflow_trace_id(t.trace_id) for t in trajs]
+        if self._log_spans_supported:
+            try:
+                tracing.log_spans(handle.experiment_id, spans)
+            except NotImplementedError as exc:
+                if "could not identify MLflow server version" in str(exc):
+                    # the version probe failed (server down) and MLflow caches that answer: forget it, retry
+                    _clear_server_version_cache()
+                    raise RuntimeError(f"MLflow server unreachable: {exc}") from exc
+                self._log_spans_supported = False
+                self._warn_once("no-log-spans", "otel-rl: the MLflow store at %s cannot ingest spans in batches (%s); "
+                                "logging one trace at a time", self.tracking_uri, exc)
+            else:
+                client.link_traces_to_run(ids, handle.run_id)
+                return
+        self._log_traces_one_by_one(tracing, handle, trajs, spans)
+
+    def _log_traces_one_by_one(self, tracing: Any, handle: _Run, trajs: list[Trajectory], spans: list[Any]) -> None:
+        """Stores without span ingestion (file store, servers < 3.4): trace info + span data artifact."""
+        from mlflow.entities import TraceData, TraceInfo, TraceLocation, TraceState
+
+        by_trace: dict[str, list[Any]] = {}
+        for s in spans:
+            by_trace.setdefault(s.trace_id, []).append(s)
+        for t in trajs:
+            tid = _traces.mlflow_trace_id(t.trace_id)
+            tspans = by_trace.get(tid, [])
+            root = t.root
+            start_ms = root.start_ns // 1_000_000
+            end_ms = max((n.end_ns for n in root.walk()), default=root.end_ns) // 1_000_000
+            state = TraceState.ERROR if root.status == "ERROR" else TraceState.OK
+            metadata = {"mlflow.sourceRun": handle.run_id, "mlflow.trace_schema.version": "3"}
+            tin = sum(int(n.attributes.get(sc.GEN_AI_USAGE_INPUT_TOKENS) or 0) for n in root.walk())
+            tout = sum(int(n.attributes.get(sc.GEN_AI_USAGE_OUTPUT_TOKENS) or 0) for n in root.walk())
+            if tin or tout:
+                metadata["mlflow.trace.tokenUsage"] = json.dumps(
+                    {"input_tokens": tin, "output_tokens": tout, "total_tokens": tin + tout})
+            info = TraceInfo(
+                trace_id=tid,
+                trace_location=TraceLocation.from_experiment_id(handle.experiment_id),
+                request_time=start_ms,
+                state=state,
+                execution_duration=max(0, end_ms - start_ms),
+                request_preview=(root.inputs or "")[:1000] or None,
+                response_preview=(root.output or "")[:1000] or None,
+                trace_metadata=metadata,
+                tags=_traces.trace_tags(t),
+            )
+            returned = tracing.start_trace(info)
+            tracing._upload_trace_data(returned, TraceData(spans=tspans))
+
+
+def _clear_server_version_cache() -> None:
+    try:
+        from mlflow.store.tracking.rest_store import RestStore
+
+        RestStore._get_server_version.cache_clear()
+    except Exception:  # pragma: no cover - private API moved
+        pass

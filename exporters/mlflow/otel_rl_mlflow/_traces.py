@@ -1,0 +1,191 @@
+"""`Trajectory` records -> MLflow `Span` entities (one MLflow trace per trajectory).
+
+An MLflow `Span` wraps an OpenTelemetry `ReadableSpan` whose attribute values are
+JSON text (``mlflow.spanInputs`` holds the JSON of the inputs, and so on).  We
+build those read-only spans straight from the record's `SpanNode` tree, with the
+original ids, times, status and events, so the store's batch span ingestion
+(`log_spans`, the path MLflow's own OTLP endpoint uses) can take many traces in
+one call:
+
+- span type from ``rl.span.kind`` (`SPAN_TYPES`);
+- inputs / output: the op's JSON as it is (read back parsed); a value that is
+  not valid JSON (a truncated one) is stored as a JSON string;
+- ``gen_ai.usage.input_tokens`` / ``output_tokens`` -> ``mlflow.chat.tokenUsage``
+  (MLflow sums it into the trace's token usage);
+- ``gen_ai.request.model`` / ``gen_ai.response.model`` -> ``mlflow.llm.model``;
+- trace tags (``step``, ``sample_index``, ``rollout_n``, ``validate``,
+  ``experiment_name``) and the trace name as ``mlflow.traceTag.*`` attributes
+  of the root span, which the store turns into trace tags;
+- every other attribute and every event (``exception`` with type, message and
+  stack trace) kept as it is.
+
+The MLflow trace id is ``tr-<32 hex of the OTel trace id>``, as MLflow derives it
+for spans it ingests over OTLP, so a retried batch updates the same traces.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from otel_rl import semconv as sc
+from otel_rl.records import SpanNode, Trajectory
+
+from ._keys import MAX_TAG_VALUE_CHARS, MAX_TRACE_NAME_CHARS, truncate
+
+# rl.span.kind -> mlflow.entities.SpanType (plain strings: SpanType is a namespace of str constants)
+SPAN_TYPES: dict[str, str] = {
+    sc.KIND_AGENT: "AGENT",
+    sc.KIND_CHAIN: "CHAIN",
+    sc.KIND_LLM: "LLM",
+    sc.KIND_TOOL: "TOOL",
+    sc.KIND_REWARD: "EVALUATOR",
+    sc.KIND_STEP: "WORKFLOW",
+    sc.KIND_TIMER: "TASK",
+    sc.KIND_METRICS: "UNKNOWN",
+}
+
+# MLflow's reserved span attribute keys (mlflow.tracing.constant.SpanAttributeKey), spelled
+# out so that building spans does not import the tracing module's heavier parts.
+ATTR_REQUEST_ID = "mlflow.traceRequestId"
+ATTR_SPAN_TYPE = "mlflow.spanType"
+ATTR_INPUTS = "mlflow.spanInputs"
+ATTR_OUTPUTS = "mlflow.spanOutputs"
+ATTR_TOKEN_USAGE = "mlflow.chat.tokenUsage"
+ATTR_MODEL = "mlflow.llm.model"
+ATTR_TRACE_TAG_PREFIX = "mlflow.traceTag."
+TAG_TRACE_NAME = "mlflow.traceName"
+
+_dumps = json.JSONEncoder(ensure_ascii=False).encode
+_loads = json.loads
+
+
+def mlflow_trace_id(otel_trace_id: int) -> str:
+    return "tr-%032x" % otel_trace_id
+
+
+def _attr(value: Any) -> str:
+    if isinstance(value, tuple):
+        value = list(value)
+    try:
+        return _dumps(value)
+    except (TypeError, ValueError):
+        return _dumps(repr(value))
+
+
+def _json_text(text: Any) -> str:
+    """Our inputs/outputs are JSON text already; keep it unless it does not parse."""
+    if isinstance(text, str):
+        try:
+            _loads(text)
+            return text
+        except ValueError:
+            pass
+    return _attr(text)
+
+
+def trace_tags(t: Trajectory) -> dict[str, str]:
+    tags = {k: truncate(v, MAX_TAG_VALUE_CHARS)[0] for k, v in t.tags().items()}
+    tags[TAG_TRACE_NAME] = truncate(str(t.name), MAX_TRACE_NAME_CHARS)[0]
+    return tags
+
+
+class SpanBuilder:
+    """Builds MLflow `Span`s; holds the imported classes (imported on first use)."""
+
+    def __init__(self) -> None:
+        from mlflow.entities import Span
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import Event, ReadableSpan
+        from opentelemetry.trace import SpanContext, Status, StatusCode, TraceFlags
+
+        self._Span = Span
+        self._ReadableSpan = ReadableSpan
+        self._Event = Event
+        self._SpanContext = SpanContext
+        self._Status = Status
+        self._codes = {"OK": StatusCode.OK, "ERROR": StatusCode.ERROR, "UNSET": StatusCode.UNSET}
+        self._flags = TraceFlags(TraceFlags.SAMPLED)
+        # no resource attributes: the store would write each one as a tag of every trace
+        self._resource = Resource({})
+
+    def spans(self, t: Trajectory) -> list[Any]:
+        tid = t.trace_id
+        request_id = _dumps(mlflow_trace_id(tid))
+        root_tags = {ATTR_TRACE_TAG_PREFIX + k: _dumps(v) for k, v in trace_tags(t).items()}
+        out = []
+        ctx_cls, flags = self._SpanContext, self._flags
+        for node in t.root.walk():
+            attrs = self._attributes(node, request_id)
+            if node is t.root:
+                attrs.update(root_tags)
+                parent = None  # a partial trajectory's stand-in root has a parent we never saw
+            else:
+                parent = ctx_cls(tid, node.parent_id, False, flags) if node.parent_id is not None else None
+            events = [self._Event(e["name"], e.get("attributes") or {}, e.get("time_ns")) for e in node.events]
+            otel = self._ReadableSpan(
+                name=node.name,
+                context=ctx_cls(tid, node.span_id, False, flags),
+                parent=parent,
+                resource=self._resource,
+                attributes=attrs,
+                events=events,
+                status=self._Status(self._codes.get(node.status, self._codes["UNSET"]), node.status_message),
+                start_time=node.start_ns,
+                end_time=node.end_ns or node.start_ns,
+            )
+            out.append(self._Span(otel))
+        return out
+
+    @staticmethod
+    def _attributes(node: SpanNode, request_id: str) -> dict[str, str]:
+        a = node.attributes
+        attrs = {k: _attr(v) for k, v in a.items()}
+        attrs[ATTR_REQUEST_ID] = request_id
+        attrs[ATTR_SPAN_TYPE] = _dumps(SPAN_TYPES.get(node.kind, "UNKNOWN"))
+        if node.inputs is not None:
+            attrs[ATTR_INPUTS] = _json_text(node.inputs)
+        if node.output is not None:
+            attrs[ATTR_OUTPUTS] = _json_text(node.output)
+        tin = a.get(sc.GEN_AI_USAGE_INPUT_TOKENS)
+        tout = a.get(sc.GEN_AI_USAGE_OUTPUT_TOKENS)
+        if tin is not None or tout is not None:
+            usage = {}
+            if tin is not None:
+                usage["input_tokens"] = int(tin)
+            if tout is not None:
+                usage["output_tokens"] = int(tout)
+            usage["total_tokens"] = int(tin or 0) + int(tout or 0)
+            attrs[ATTR_TOKEN_USAGE] = _dumps(usage)
+        model = a.get(sc.GEN_AI_RESPONSE_MODEL) or a.get(sc.GEN_AI_REQUEST_MODEL)
+        if model:
+            attrs[ATTR_MODEL] = _dumps(str(model))
+        return attrs
+
+
+def size_hint(t: Trajectory) -> int:
+    """Rough bytes of a trajectory's spans, for request sizing."""
+    n = 0
+    for node in t.root.walk():
+        n += 300 + len(node.inputs or "") + len(node.output or "")
+    return n
+
+
+def chunks(trajectories: Sequence[Trajectory], max_traces: int, max_spans: int,
+           max_bytes: int) -> list[list[Trajectory]]:
+    out: list[list[Trajectory]] = []
+    cur: list[Trajectory] = []
+    spans = size = 0
+    for t in trajectories:
+        n = sum(1 for _ in t.root.walk())
+        b = size_hint(t)
+        if cur and (len(cur) >= max_traces or spans + n > max_spans or size + b > max_bytes):
+            out.append(cur)
+            cur, spans, size = [], 0, 0
+        cur.append(t)
+        spans += n
+        size += b
+    if cur:
+        out.append(cur)
+    return out
