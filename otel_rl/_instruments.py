@@ -87,7 +87,10 @@ class Instruments:
         for r in records:
             if isinstance(r, StepMetrics):
                 for k, v in r.values.items():
-                    f = float(v)
+                    try:
+                        f = float(v)
+                    except OverflowError:  # an int beyond the double range: not finite either
+                        continue
                     if f - f == 0.0:  # finite; the record keeps NaN/Inf, a gauge cannot
                         self._gauge(k).set(f, ident)
             elif isinstance(r, Trajectory) and r.complete and r.root.kind == sc.KIND_AGENT:

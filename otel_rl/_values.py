@@ -10,7 +10,9 @@ from __future__ import annotations
 import logging
 import math
 import numbers
+import sys
 import threading
+from typing import Any
 
 _log = logging.getLogger("otel_rl")
 
@@ -51,6 +53,21 @@ def _scalar_from_numpy(value: object):
     return item if isinstance(item, (bool, int, float)) else None
 
 
+# Types whose branch below is decided by the type alone, learnt the first time a value of the type
+# goes through the general path: torch tensor types -> _TENSOR; numpy scalar types -> the exact
+# conversion that path applies (int for integer types, float for float64, else _scalar_from_numpy).
+_TENSOR = object()
+_KNOWN_TYPES: dict[type, object] = {}
+
+
+def _numpy_scalar_type(tp: type) -> bool:
+    """A numpy scalar type itself (not a subclass defined elsewhere, not ndarray)."""
+    if getattr(tp, "__module__", None) != "numpy":
+        return False
+    np = sys.modules.get("numpy")
+    return np is not None and isinstance(tp, type) and issubclass(tp, np.generic)
+
+
 def coerce_metrics(data: object) -> tuple[dict[str, float | int | bool], list[str]]:
     """Return (scalars, skipped_keys) for one `log()` call.
 
@@ -71,10 +88,35 @@ def coerce_metrics(data: object) -> tuple[dict[str, float | int | bool], list[st
         if tp is _FLOAT or tp is _INT or tp is _BOOL:
             out[key] = value
             continue
+        known = _KNOWN_TYPES.get(tp)
+        if known is _TENSOR:  # same as the tensor branch below, without re-deciding the type
+            try:
+                if value.dim() == 0 and value.numel() == 1:  # type: ignore[attr-defined]
+                    if tensors is None:
+                        tensors = []
+                    tensors.append((key, value))
+                    out[key] = 0.0  # placeholder keeps the caller's key order
+                else:
+                    skipped.append(key)
+            except Exception:
+                skipped.append(key)
+            continue
+        if known is not None:  # a numpy scalar type: its conversion, as below
+            try:
+                item = known(value)  # type: ignore[operator]
+            except Exception:
+                item = None
+            if item is None:
+                skipped.append(key)
+            else:
+                out[key] = item
+            continue
         try:  # a value whose conversion raises (float(Fraction(10**400)), a broken .shape) is skipped
             if isinstance(value, bool):
                 out[key] = bool(value)
             elif isinstance(value, numbers.Integral):
+                if _numpy_scalar_type(tp):
+                    _KNOWN_TYPES[tp] = int
                 try:
                     out[key] = int(value)
                 except Exception:
@@ -82,6 +124,7 @@ def coerce_metrics(data: object) -> tuple[dict[str, float | int | bool], list[st
             elif isinstance(value, numbers.Real) and not hasattr(value, "shape"):
                 out[key] = float(value)
             elif _is_tensor(value):
+                _KNOWN_TYPES[tp] = _TENSOR
                 try:
                     if value.dim() == 0 and value.numel() == 1:  # type: ignore[attr-defined]
                         if tensors is None:
@@ -93,6 +136,8 @@ def coerce_metrics(data: object) -> tuple[dict[str, float | int | bool], list[st
                 except Exception:
                     skipped.append(key)
             else:
+                if _numpy_scalar_type(tp):  # float64 is a float subclass: float() is its .item()
+                    _KNOWN_TYPES[tp] = float if issubclass(tp, float) else _scalar_from_numpy
                 item = _scalar_from_numpy(value)
                 if item is None:
                     skipped.append(key)
@@ -108,29 +153,86 @@ def coerce_metrics(data: object) -> tuple[dict[str, float | int | bool], list[st
 def _gather_tensors(tensors: list[tuple[str, object]], out: dict, skipped: list[str]) -> None:
     import torch
 
-    # group by (device, dtype class) so each group needs a single transfer
-    groups: dict[tuple[str, bool], list[tuple[str, torch.Tensor]]] = {}
-    for key, t in tensors:
-        t = t.detach()  # type: ignore[attr-defined]
-        is_float = t.is_floating_point() or t.is_complex()
-        groups.setdefault((str(t.device), is_float or t.dtype == torch.bool), []).append((key, t))
-    for (_device, is_float), items in groups.items():
+    # Group by (device, dtype class) so each group needs a single transfer.  Within a group,
+    # tensors of one dtype are stacked first and converted once (not one kernel per tensor).
+    by_dtype: dict[tuple[Any, Any], list[tuple[int, str, Any]]] = {}
+    for i, (key, t) in enumerate(tensors):
+        k = (t.device, t.dtype)  # type: ignore[attr-defined]
+        sub = by_dtype.get(k)
+        if sub is None:
+            sub = by_dtype[k] = []
+        sub.append((i, key, t))
+    groups: dict[tuple[Any, bool], list[tuple[Any, list[tuple[int, str, Any]]]]] = {}
+    for (device, dtype), sub in by_dtype.items():  # groups come in the order of their first tensor
+        is_float = dtype.is_floating_point or dtype.is_complex or dtype == torch.bool
+        groups.setdefault((device, is_float), []).append((dtype, sub))
+    bool_dtype = torch.bool
+    strided = torch.strided  # dense tensors (a sparse 0-d tensor cannot be stacked: skipped, as before)
+    exact = _item_exact_dtypes(torch)
+    for (device, is_float), subs in groups.items():
         try:
-            if is_float:
-                stacked = torch.stack([t.to(torch.float64) if not t.is_complex() else t.real.to(torch.float64) for _, t in items])
+            if (device.type == "cpu" and all(dtype in exact for dtype, _ in subs)
+                    and all(t.layout is strided for _, sub in subs for _, _, t in sub)):
+                # already on the host: .item() gives the same value as the float64/int64 conversion
+                # below for these dtypes, without the stack (nothing to transfer, no device sync)
+                host = [t.item() for _, sub in subs for _, _, t in sub]
             else:
-                stacked = torch.stack([t.to(torch.int64) for _, t in items])
-            host = stacked.cpu().tolist()  # the one device->host transfer for this group
+                parts = []
+                with torch.no_grad():  # values only: no autograd graph
+                    for dtype, sub in subs:
+                        stacked = torch.stack([t for _, _, t in sub])
+                        if is_float:
+                            stacked = (stacked.real if dtype.is_complex else stacked).to(torch.float64)
+                        else:
+                            stacked = stacked.to(torch.int64)
+                        parts.append(stacked)
+                    host = (parts[0] if len(parts) == 1 else torch.cat(parts)).cpu().tolist()  # the one transfer
         except Exception:
-            for key, _ in items:
+            for _, key, _ in _in_order(subs):
                 out.pop(key, None)
                 skipped.append(key)
             continue
-        for (key, t), v in zip(items, host):
-            if t.dtype == torch.bool:
-                out[key] = bool(v)
+        if len(subs) == 1:
+            dtype, sub = subs[0]
+            if dtype == bool_dtype:
+                for (_, key, _), v in zip(sub, host):
+                    out[key] = bool(v)
             else:
-                out[key] = v
+                for (_, key, _), v in zip(sub, host):
+                    out[key] = v
+            continue
+        j = 0
+        flat = []
+        for dtype, sub in subs:
+            is_bool = dtype == bool_dtype
+            for i, key, _ in sub:
+                flat.append((i, key, bool(host[j]) if is_bool else host[j]))
+                j += 1
+        flat.sort(key=_first)  # the caller's order
+        for _, key, v in flat:
+            out[key] = v
+
+
+_ITEM_EXACT: frozenset = frozenset()
+
+
+def _item_exact_dtypes(torch: Any) -> frozenset:
+    """dtypes whose .item() equals .to(float64 or int64).tolist() exactly (bool: bool of it)."""
+    global _ITEM_EXACT
+    if not _ITEM_EXACT:
+        _ITEM_EXACT = frozenset((torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.bool,
+                                 torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64))
+    return _ITEM_EXACT
+
+
+def _first(item: tuple) -> Any:
+    return item[0]
+
+
+def _in_order(subs: list[tuple[Any, list[tuple[int, str, Any]]]]) -> list[tuple[int, str, Any]]:
+    if len(subs) == 1:
+        return subs[0][1]
+    return sorted((x for _, sub in subs for x in sub), key=_first)
 
 
 def is_finite(value: float | int | bool) -> bool:

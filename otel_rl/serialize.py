@@ -114,13 +114,35 @@ def _sanitize(obj: Any, seen: set[int], depth: int) -> Any:
         seen.discard(oid)
 
 
+try:  # the C encoder json.dumps builds on every call; building it ourselves skips a JSONEncoder per call
+    from json.encoder import c_make_encoder as _c_make_encoder
+    from json.encoder import encode_basestring as _encode_basestring
+except ImportError:  # pragma: no cover - interpreters without the C accelerator
+    _c_make_encoder = None
+    _encode_basestring = None
+
+
+def _dumps(obj: Any) -> str:
+    """Exactly ``json.dumps(obj, default=_fallback, ensure_ascii=False, allow_nan=False)``, faster.
+
+    `json.dumps` with those arguments constructs a `JSONEncoder` and then, in
+    `iterencode`, a C encoder; this makes the same C encoder directly (with a
+    fresh circular-reference map per call, so it is thread-safe).
+    """
+    if _c_make_encoder is None:  # pragma: no cover
+        return json.dumps(obj, default=_fallback, ensure_ascii=False, allow_nan=False)
+    if isinstance(obj, str):
+        return _encode_basestring(obj)
+    return "".join(_c_make_encoder({}, _fallback, _encode_basestring, None, ": ", ", ", False, False, False)(obj, 0))
+
+
 def to_json(obj: Any, max_chars: int = DEFAULT_MAX_CHARS) -> tuple[str, bool]:
     """Serialise `obj` to JSON text of at most about `max_chars` characters.
 
     Returns (text, truncated).  Never raises.
     """
     try:
-        text = json.dumps(obj, default=_fallback, ensure_ascii=False, allow_nan=False)
+        text = _dumps(obj)
     except (ValueError, TypeError, RecursionError, OverflowError):
         try:
             text = json.dumps(_sanitize(obj, set(), 0), ensure_ascii=False, allow_nan=False)
