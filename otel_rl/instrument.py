@@ -637,7 +637,8 @@ def op(fn: F | None = None, *, name: str | None = None, kind: str = sc.KIND_CHAI
         return generate(fn, name=name)
     if k == sc.KIND_TOOL:
         return tool(fn, name=name)
-    return _decorator(fn, lambda f: _OpMeta(f, name, k, {sc.RL_SPAN_KIND: k}))
+    # CHAIN is the default kind: leaving the attribute out keeps the common op span one attribute lighter
+    return _decorator(fn, lambda f: _OpMeta(f, name, k, {sc.RL_SPAN_KIND: k} if k != sc.KIND_CHAIN else {}))
 
 
 def generate(fn: F | None = None, *, name: str | None = None, model: str | None = None,
