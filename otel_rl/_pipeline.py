@@ -34,7 +34,7 @@ from opentelemetry.trace import SpanContext, TraceFlags
 
 from . import semconv as sc
 from ._values import warn_once
-from .records import Generations, Record, RecordBuilder, StepMetrics, Trajectory
+from .records import Record, RecordBuilder, Trajectory
 
 _log = logging.getLogger("otel_rl")
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)

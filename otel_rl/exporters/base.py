@@ -24,6 +24,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from .._values import warn_once  # re-exported: exporters log a problem once per kind with it
+
+__all__ = ["Exporter", "warn_once"]
+
 
 class Exporter:
     #: registered name, filled in by the registry

@@ -43,7 +43,7 @@ def swan_env(tmp_path, monkeypatch):
     logdir = tmp_path / "swanlog"
     monkeypatch.setenv("SWANLAB_LOG_DIR", str(logdir))
     monkeypatch.setenv("SWANLAB_ROOT", str(tmp_path / "swanroot"))  # where `swanlab login` would have saved a key
-    monkeypatch.setattr(otel_rl_swanlab._keys, "_warned", set())  # warnings are once per process
+    monkeypatch.setattr(otel_rl._values, "_warned_keys", set())  # warnings are once per process
     yield logdir
     if swanlab.has_run():  # a failed test must not leave a run open for the next one
         swanlab.get_run().finish()

@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
-import threading
+from otel_rl.exporters.base import warn_once
 
 _log = logging.getLogger("otel_rl")
 
@@ -30,19 +30,6 @@ SYSTEM_PREFIX = "__swanlab__."
 _EDGE = " \t\n\r./"
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
-
-_warned: set[str] = set()
-_warn_lock = threading.Lock()
-
-
-def warn_once(key: str, message: str, *args: object) -> None:
-    """Log `message` once per `key` for the life of the process."""
-    with _warn_lock:
-        if key in _warned:
-            return
-        _warned.add(key)
-    _log.warning(message, *args)
-
 
 def clean_text(text: str) -> str:
     """`text` with lone surrogates replaced by U+FFFD (SwanLab writes UTF-8 protobuf and files)."""

@@ -31,6 +31,7 @@ from urllib.parse import urlsplit, urlunsplit
 from otel_rl import semconv as sc
 from otel_rl.exporters.tracker import TrackerExporter
 from otel_rl.records import Generations, RunIdentity, RunStart, StepMetrics, merge_step_metrics
+from otel_rl.exporters.base import warn_once
 
 _log = logging.getLogger("otel_rl")
 
@@ -42,16 +43,6 @@ ENV_STEP_METRIC = sc.ENV_PREFIX + "WANDB_STEP_METRIC"
 EMPTY_KEY = "(empty)"
 
 _RUN_ID_OK = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
-_warned: set[str] = set()
-
-
-def warn_once(key: str, message: str, *args: Any) -> None:
-    """Log a warning once per `key` for the life of the process."""
-    if key not in _warned:
-        _warned.add(key)
-        _log.warning(message, *args)
-
-
 def wandb_run_id(ident: RunIdentity) -> str:
     """Stable wandb run id of an otel-rl run: the same in every process and after a restart.
 

@@ -14,6 +14,7 @@ from typing import Any
 from otel_rl import semconv as sc
 from otel_rl.exporters.tracker import TrackerExporter
 from otel_rl.records import RunIdentity, RunStart, SpanNode, Trajectory
+from otel_rl.exporters.base import warn_once
 
 _log = logging.getLogger("otel_rl")
 
@@ -22,18 +23,6 @@ META_KEY = "otel_rl"
 #: inputs of an op whose JSON was cut at `max_value_chars` (not parseable any more)
 RAW_INPUTS_KEY = "raw_json"
 MAX_EVENTS = 32
-
-_warned: set[str] = set()
-_warn_lock = threading.Lock()
-
-
-def warn_once(key: str, message: str, *args: object) -> None:
-    with _warn_lock:
-        if key in _warned:
-            return
-        _warned.add(key)
-    _log.warning(message, *args)
-
 
 # ----------------------------------------------------------------------------- mapping helpers
 
