@@ -31,6 +31,10 @@ KNOWN_MISSING: dict[str, str] = {
     "weave": "pip install 'otel-rl[weave]'",
 }
 
+# The library each tracker exporter drives: checked before the exporter is created, so a
+# missing one fails at init() with the command to run, not later on the delivery thread.
+REQUIRES: dict[str, str] = {"mlflow": "mlflow", "wandb": "wandb", "swanlab": "swanlab", "weave": "weave"}
+
 # verl names otel-rl does not implement.
 UNSUPPORTED = {"tensorboard", "vemlp_wandb", "clearml", "trackio"}
 
@@ -75,8 +79,32 @@ def resolve_factory(name: str) -> Callable[..., Exporter]:
     )
 
 
+def _importable(module: str) -> bool:
+    import importlib.util
+    import sys
+
+    if module in sys.modules:
+        return sys.modules[module] is not None
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def create(name: str, config: Any) -> Exporter:
+    module = REQUIRES.get(name)
+    if module is not None and not _importable(module):
+        raise UnknownExporterError(
+            f"the {name!r} exporter needs the {module!r} package, which is not installed: "
+            f"run `{KNOWN_MISSING.get(name, f'pip install {module}')}`."
+        )
     factory = resolve_factory(name)
-    exporter = factory(config)
+    try:
+        exporter = factory(config)
+    except ImportError as exc:
+        raise UnknownExporterError(
+            f"the {name!r} exporter could not import {exc.name or 'a dependency'!r}: "
+            f"run `{KNOWN_MISSING.get(name, 'pip install ' + (exc.name or name))}`."
+        ) from exc
     exporter.name = name
     return exporter
