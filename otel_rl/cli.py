@@ -12,14 +12,42 @@ from .config import ConfigError, resolve, scrub_secrets
 from .exporters import registry
 
 
+# Subcommands that live in their own modules: name -> (module, help). Each module has
+# `add_arguments(parser)` and `run(args) -> int`; it is imported only when its command runs.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("otel_rl.demo.cli", "train a small agentic GRPO policy on CPU, fully instrumented"),
+    "bridge": ("otel_rl.bridge.cli", "receive OTLP and deliver it to the tracker exporters"),
+    "replay": ("otel_rl.spool.cli", "deliver what a spool directory still holds"),
+}
+
+
+def _available(module: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="otel-rl", description="OpenTelemetry observability for RL training")
     sub = parser.add_subparsers(dest="cmd")
+    modules = {}
+    for name, (module, help_text) in COMMANDS.items():
+        if _available(module):
+            import importlib
+
+            mod = importlib.import_module(module)
+            mod.add_arguments(sub.add_parser(name, help=help_text))
+            modules[name] = mod
     sub.add_parser("version", help="print the version")
     sub.add_parser("exporters", help="list the installed exporter names")
     p_cfg = sub.add_parser("config", help="print the resolved configuration (arguments > config > env > defaults)")
     p_cfg.add_argument("overrides", nargs="*", help="verl-style dotlist overrides, e.g. trainer.logger='[console,file]'")
     args = parser.parse_args(argv)
+    if args.cmd in modules:
+        return int(modules[args.cmd].run(args) or 0)
     if args.cmd == "version":
         print(__version__)
         return 0
