@@ -94,12 +94,13 @@ class Handle:
         span.end()
 
     # -- logging ---------------------------------------------------------------------
-    def log(self, data: Any, step: Any = None) -> None:
+    def log(self, data: Any, step: Any = None, *, exporters: Iterable[str] | None = None) -> None:
         """Record `data` (metric name -> scalar) at training step `step`.
 
         Never raises for bad values: non-scalars are skipped with one warning per
         key; a step that is not an integer is replaced by the current step (or
-        the last one logged) with a warning.
+        the last one logged) with a warning.  `exporters` (names) restricts the
+        record to those exporters, as verl's ``Tracking.log(..., backend=...)``.
         """
         if self._closed:
             warn_once("log-after-shutdown", "otel-rl: log() after shutdown; nothing recorded")
@@ -117,8 +118,8 @@ class Handle:
                       "(log numbers, numpy scalars or 0-d tensors)", k, type(v).__name__)
         if not values:
             return
-        self._pipeline.submit(LogItem(n, values, time.time_ns(),
-                                      st.span_context if st is not None else None))
+        self._pipeline.submit(LogItem(n, values, time.time_ns(), st.span_context if st is not None else None,
+                                      None if exporters is None else frozenset(exporters)))
 
     def _coerce_step(self, step: Any, st: Any) -> int:
         if step is None:
@@ -136,8 +137,11 @@ class Handle:
         self._last_step = n
         return n
 
-    def log_generations(self, samples: Iterable[Sequence[Any]], step: Any = None, limit: int | None = None) -> None:
-        """Validation generations: rows of (input, output, score) as verl builds them."""
+    def log_generations(self, samples: Iterable[Sequence[Any]], step: Any = None, limit: int | None = None, *,
+                        exporters: Iterable[str] | None = None) -> None:
+        """Validation generations: rows of (input, output, score) as verl builds them.
+
+        `exporters` (names) restricts them to those exporters."""
         if self._closed:
             return
         n = self._coerce_step(step, STEP.get())
@@ -158,7 +162,84 @@ class Handle:
                 score_f = float("nan")
             rows.append(("" if inp is None else str(inp), "" if out is None else str(out), score_f))
         if rows:
-            self._pipeline.submit(GenerationsItem(n, rows, time.time_ns()))
+            self._pipeline.submit(GenerationsItem(n, rows, time.time_ns(),
+                                                  None if exporters is None else frozenset(exporters)))
+
+    # -- changing a running pipeline ---------------------------------------------------------
+    def add_exporter(self, exporter: str | Exporter) -> Exporter:
+        """Add an exporter (a registered name or an instance) to this running pipeline.
+
+        A name that is already there returns the existing exporter.  The new one gets
+        the run start, then everything recorded from now on.  OpenTelemetry metric
+        readers cannot join a running MeterProvider: an added exporter's readers get
+        nothing (warned).  Tracing is turned on when it consumes spans or trajectories.
+        """
+        if self._closed:
+            raise RuntimeError("otel-rl: add_exporter() on a pipeline that is shut down")
+        with self._lock:
+            if isinstance(exporter, str):
+                name = "wandb" if exporter == "tracking" else exporter
+                for e in self.exporters:
+                    if e.name == name:
+                        return e
+                exporter = registry.create(name, self.config)
+            elif not exporter.name:
+                exporter.name = type(exporter).__name__
+            if exporter.metric_readers():
+                warn_once(f"late-readers:{exporter.name}", "otel-rl: exporter %r added to a running pipeline gets "
+                          "no OpenTelemetry metrics (give it to init() for those)", exporter.name)
+            self.exporters = self.exporters + [exporter]
+            self._pipeline.add_exporter(exporter, [self._run_start_record()])
+            self._update_tracing()
+        return exporter
+
+    def set_trace_settings(self, trace_backend: str | None = None, token2text: bool | None = None,
+                           max_samples: int | None = None) -> None:
+        """Change the rollout-trace settings of a running pipeline (None: unchanged).
+
+        `trace_backend` names the exporter that receives trajectories: it is added when
+        missing; a tracker exporter already there starts taking trajectories.
+        """
+        if trace_backend:
+            previous, self.config.trace_backend = self.config.trace_backend, trace_backend
+            existing = next((e for e in self.exporters if e.name == trace_backend), None)
+            if existing is None:
+                try:
+                    self.add_exporter(trace_backend)  # created with the new setting: it takes trajectories
+                except Exception:
+                    self.config.trace_backend = previous
+                    raise
+            elif getattr(existing, "tracker_name", None) == trace_backend:
+                existing.wants_trajectories = True
+        if token2text is not None:
+            self.config.token2text = bool(token2text)
+            if RT.handle is self:
+                RT.token2text = self.config.token2text
+        if max_samples is not None:
+            self.config.max_samples = max_samples
+            self.sampler.max_samples = max_samples
+        self._update_tracing()
+
+    def _update_tracing(self) -> None:
+        cfg = self.config
+        if cfg.disabled or cfg.tracing is not None:
+            return
+        self.tracing = any(e.wants_spans or e.wants_trajectories for e in self.exporters)
+        if RT.handle is self:
+            RT.tracing = self.tracing
+
+    def _run_start_record(self) -> Any:
+        import json
+
+        from .records import RunIdentity, RunStart
+
+        c = self.config
+        text, _ = to_json(scrub_secrets(c.verl_config), 1 << 20)
+        try:
+            config = json.loads(text)
+        except ValueError:
+            config = {}
+        return RunStart(RunIdentity(c.project, c.experiment, c.run_id), config, c.rank, time.time_ns())
 
     def select_samples(self, step: int | None, sample_indices: Iterable[int], validate: bool = False) -> set[int]:
         """Register a step's candidate samples; returns the ones that will be traced."""

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import copyreg
 from contextvars import ContextVar
 from typing import Any
+
+
+def _same_in_this_process(name: str) -> Any:
+    return globals()[name]
 
 
 class Runtime:
@@ -24,9 +29,24 @@ class Runtime:
         self.tokenizer: Any = None
         self.experiment = ""
 
+    def __reduce__(self) -> Any:
+        # decorated functions shipped by value (Ray, cloudpickle) refer to the process's own runtime
+        return (_same_in_this_process, ("RT",))
+
 
 RT = Runtime()
 
 # The trajectory and step the current task/thread is in (None outside).
 TRAJECTORY: ContextVar[Any] = ContextVar("otel_rl_trajectory", default=None)
 STEP: ContextVar[Any] = ContextVar("otel_rl_step", default=None)
+
+
+def _reduce_context_var(var: ContextVar) -> Any:
+    """Pickle otel-rl's context variables by reference (any other one still cannot be pickled)."""
+    for name in ("TRAJECTORY", "STEP"):
+        if var is globals()[name]:
+            return (_same_in_this_process, (name,))
+    raise TypeError(f"cannot pickle 'ContextVar' object {var.name!r}")
+
+
+copyreg.pickle(ContextVar, _reduce_context_var)

@@ -95,7 +95,7 @@ class JsonlExporter(Exporter):
         if parent:
             os.makedirs(parent, exist_ok=True)
         self._fp = open(self.path, "ab")
-        print(f"Creating file logger at {self.path}", flush=True)
+        print(f"Creating file logger at {os.path.abspath(self.path)}", flush=True)  # as verl prints it
 
     def export_records(self, records: Sequence[Any]) -> None:
         chunks = [encode_line(r.step, r.values) for r in records if isinstance(r, StepMetrics)]
