@@ -5,7 +5,7 @@
 - trajectories: a duration histogram and a counter (sampled or not);
 - LLM spans: GenAI token usage and operation duration histograms;
 - tool spans: call and error counters;
-- exporters' own health: items exported/failed/dropped and queued.
+- exporters' own health: items exported/failed/dropped/retried/spooled, queued, spool bytes.
 """
 
 from __future__ import annotations
@@ -64,17 +64,24 @@ class Instruments:
                                         description="Items handled by each exporter, by outcome")
         meter.create_observable_gauge(sc.METRIC_EXPORT_QUEUED, callbacks=[self._observe_queued], unit="{item}",
                                       description="Items waiting in each exporter's queue")
+        meter.create_observable_gauge(sc.METRIC_EXPORT_SPOOL_BYTES, callbacks=[self._observe_spool_bytes], unit="By",
+                                      description="Bytes of each exporter's on-disk spool")
 
     def _observe_items(self, options: CallbackOptions) -> list[Observation]:
         out = []
         for q in self._queues_getter():
             for outcome, value in (("exported", q.stats.exported), ("failed", q.stats.failed_attempts),
-                                   ("dropped", q.stats.dropped), ("retried", q.stats.retried)):
+                                   ("dropped", q.stats.dropped), ("retried", q.stats.retried),
+                                   ("spooled", q.stats.spooled)):
                 out.append(Observation(value, {sc.EXPORTER: q.name, sc.OUTCOME: outcome, **self.identity}))
         return out
 
     def _observe_queued(self, options: CallbackOptions) -> list[Observation]:
         return [Observation(q.stats.queued, {sc.EXPORTER: q.name, **self.identity}) for q in self._queues_getter()]
+
+    def _observe_spool_bytes(self, options: CallbackOptions) -> list[Observation]:
+        return [Observation(q.stats.spool_bytes, {sc.EXPORTER: q.name, **self.identity})
+                for q in self._queues_getter() if getattr(q, "spool", None) is not None]
 
     def _gauge(self, key: str) -> Any:
         g = self._gauges.get(key)
@@ -115,7 +122,11 @@ class Instruments:
                     if key in a:
                         self._tokens.record(int(a[key]), {**base, sc.GEN_AI_TOKEN_TYPE: ttype})
             elif kind == sc.KIND_TOOL:
-                attrs = {sc.GEN_AI_TOOL_NAME: a.get(sc.GEN_AI_TOOL_NAME, ""), **ident}
+                tool_name = a.get(sc.GEN_AI_TOOL_NAME)
+                if not tool_name:  # a failed op of an unsampled trajectory is re-emitted with its kind only
+                    prefix = sc.GEN_AI_OP_EXECUTE_TOOL + " "
+                    tool_name = span.name[len(prefix):] if (span.name or "").startswith(prefix) else ""
+                attrs = {sc.GEN_AI_TOOL_NAME: tool_name, **ident}
                 self._tool_calls.add(1, attrs)
                 if span.status.status_code.name == "ERROR":
                     self._tool_errors.add(1, attrs)

@@ -12,8 +12,10 @@ before it).  Everything else happens here, off the training thread:
                                  └──► ...
 
 A delivery queue keeps a failed batch and retries it with exponential backoff
-and jitter; a slow exporter only grows its own queue (bounded; overflow drops
-the oldest batch, counted and logged).
+and jitter; a slow exporter only grows its own queue (bounded).  A queue with a
+spool (tracker exporters by default; otel_rl.spool, docs/delivery.md) spills to
+append-only files on disk when its exporter fails or falls behind, and what it
+spooled survives a crash; without one, overflow drops the oldest batch (counted).
 """
 
 from __future__ import annotations
@@ -41,22 +43,26 @@ _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 
 
 class LogItem:
-    __slots__ = ("step", "values", "time_ns", "parent")
+    # only: names of the exporters this item goes to (None: all of them)
+    __slots__ = ("step", "values", "time_ns", "parent", "only")
 
-    def __init__(self, step: int, values: dict, time_ns: int, parent: SpanContext | None):
+    def __init__(self, step: int, values: dict, time_ns: int, parent: SpanContext | None,
+                 only: frozenset[str] | None = None):
         self.step = step
         self.values = values
         self.time_ns = time_ns
         self.parent = parent
+        self.only = only
 
 
 class GenerationsItem:
-    __slots__ = ("step", "rows", "time_ns")
+    __slots__ = ("step", "rows", "time_ns", "only")
 
-    def __init__(self, step: int, rows: list, time_ns: int):
+    def __init__(self, step: int, rows: list, time_ns: int, only: frozenset[str] | None = None):
         self.step = step
         self.rows = rows
         self.time_ns = time_ns
+        self.only = only
 
 
 class TrajectoryStat:
@@ -70,6 +76,15 @@ class TrajectoryStat:
         self.error = error
 
 
+class _AddQueue:
+    """Attach a delivery queue at this point of the item stream (see Pipeline.add_exporter)."""
+
+    __slots__ = ("queue",)
+
+    def __init__(self, queue: Any) -> None:
+        self.queue = queue
+
+
 class _Marker:
     __slots__ = ("event",)
 
@@ -78,14 +93,21 @@ class _Marker:
 
 
 class ExporterStats:
-    __slots__ = ("exported", "failed_attempts", "dropped", "retried", "queued")
+    __slots__ = ("exported", "failed_attempts", "dropped", "retried", "queued", "in_memory", "spooled",
+                 "spool_pending", "spool_bytes", "replayed", "corrupt_frames")
 
     def __init__(self) -> None:
         self.exported = 0  # items delivered (records + spans)
         self.failed_attempts = 0
-        self.dropped = 0
+        self.dropped = 0  # items given up on: memory overflow without a spool, spool cap, poison batches
         self.retried = 0
-        self.queued = 0
+        self.queued = 0  # items not delivered yet: in memory + in the spool
+        self.in_memory = 0  # of which only in memory (lost if the process dies)
+        self.spooled = 0  # items written to the spool (cumulative)
+        self.spool_pending = 0  # items in the spool, not delivered yet
+        self.spool_bytes = 0  # bytes of the spool's segment files
+        self.replayed = 0  # items delivered from the spool (cumulative; part of `exported`)
+        self.corrupt_frames = 0  # spool regions skipped as corrupt (checksum, torn tail, unreadable)
 
     def as_dict(self) -> dict[str, int]:
         return {k: getattr(self, k) for k in self.__slots__}
@@ -99,124 +121,537 @@ POISON_ERRORS = (ValueError, TypeError, KeyError, AttributeError, IndexError, Re
 POISON_MAX_ATTEMPTS = 3
 
 
-class DeliveryQueue:
-    """One exporter's batches, delivered in order on its own thread."""
+class _Entry:
+    """One batch: in memory, and on disk too once it has a spool frame."""
 
-    def __init__(self, exporter: Any, max_items: int, backoff_max_s: float = 30.0):
+    __slots__ = ("spans", "records", "n", "frame", "spans_done", "unspoolable")
+
+    def __init__(self, spans: list, records: list, n: int, frame: Any = None):
+        self.spans = spans
+        self.records = records
+        self.n = n
+        self.frame = frame  # otel_rl.spool.store.Frame once written to the spool
+        self.spans_done = False  # a retry after a records failure does not resend the spans
+        self.unspoolable = False  # could not be written (codec error / cap): delivered from memory only
+
+
+class DeliveryQueue:
+    """One exporter's batches, delivered in order on its own thread.
+
+    With a spool (``spool=`` options or a `Spool`, or ``config=`` to derive them; see
+    `otel_rl.spool.options_for` and docs/delivery.md) the in-memory queue spills to disk:
+    when the exporter fails (everything in memory, then every new batch, until a delivery
+    succeeds), when memory holds more than `max_items`, when `wait_idle` times out (a flush)
+    and at shutdown.  Batches are always delivered oldest first: the spool's frames, then the
+    memory queue.  Without a spool, an overflowing queue drops its oldest batch (counted).
+    """
+
+    def __init__(self, exporter: Any, max_items: int, backoff_max_s: float = 30.0, *,
+                 spool: Any = None, config: Any = None):
         self.exporter = exporter
         self.name = exporter.name
         self.stats = ExporterStats()
-        self._batches: deque[tuple[list, list]] = deque()
+        self._mem: deque[_Entry] = deque()  # memory-only batches, all newer than the spool's frames
+        self._mem_items = 0
+        self._current: _Entry | None = None  # the batch being delivered
         self._cond = threading.Condition()
+        self._io = threading.Lock()  # spool file state; taken before _cond, never while holding it
         self._max_items = max_items
         self._backoff_max = backoff_max_s
         self._stop = False
-        self._busy = False
+        self._nudge = False  # wait_idle() asks for a retry now instead of at the end of the backoff
+        self._failing = False  # the last attempt failed with a delivery (not a data) error
+        self._spilling = 0
+        self._dropped = 0  # dropped here (the spool counts its own cap drops)
+        self._undecodable = 0
+        self._spool_retry_at = 0.0
+        self._drop_logged_at = 0.0
+        self._spool_dropped_seen = 0
+        self._left_logged = False
+        self._cache: dict[tuple[int, int], _Entry] = {}  # write-through: frames still in memory
+        self._cache_items = 0
+        self._spool = _make_spool(spool, config, exporter)
+        self._write_through = bool(self._spool is not None and self._spool.options.write_through)
+        self._recovering = self._spool is not None  # until the thread has looked at what an earlier run left
         self._thread = threading.Thread(target=self._run, name=f"otel-rl-export-{self.name}", daemon=True)
         self._thread.start()
 
-    def put(self, spans: list, records: list) -> None:
+    @property
+    def spool(self) -> Any:
+        """The `otel_rl.spool.Spool` of this queue, or None."""
+        return self._spool
+
+    @property
+    def _batches(self) -> deque:  # the memory queue (benchmarks look at it)
+        return self._mem
+
+    # -- caller side (pipeline worker, bridge) -------------------------------------------
+    def put(self, spans: list, records: list) -> bool:
+        """Queue one batch.  Never waits for the exporter.  Returns False only when a write-through
+        queue could not write the batch to its spool (it is then kept in memory)."""
         n = len(spans) + len(records)
         if not n:
-            return
+            return True
+        entry = _Entry(spans, records, n)
         with self._cond:
-            self._batches.append((spans, records))
-            self.stats.queued += n
-            while self.stats.queued > self._max_items and len(self._batches) > 1:
-                old_s, old_r = self._batches.popleft()
-                lost = len(old_s) + len(old_r)
-                self.stats.queued -= lost
-                self.stats.dropped += lost
-                _log.warning("otel-rl: exporter %r is behind; dropped its oldest %d items (queue limit %d)",
-                             self.name, lost, self._max_items)
-            self._cond.notify()
+            self._mem.append(entry)
+            self._mem_items += n
+            spill = self._spool is not None and (self._write_through or self._failing or
+                                                 self._mem_items > self._max_items)
+            if not spill:
+                self._drop_overflow()
+                self._refresh()
+                self._cond.notify()
+                return True
+        ok = self._spill()
+        if not ok:
+            with self._cond:
+                self._cond.notify()
+        return ok or not self._write_through
 
+    def _drop_overflow(self) -> None:
+        """Memory over its bound and no usable spool: drop the oldest batches (counted).  Under _cond."""
+        while self._mem_items > self._max_items and len(self._mem) > 1:
+            old = self._mem.popleft()
+            self._mem_items -= old.n
+            self._dropped += old.n
+            _log.warning("otel-rl: exporter %r is behind; dropped its oldest %d items (queue limit %d)",
+                         self.name, old.n, self._max_items)
+
+    def _spill(self, sync: bool = False) -> bool:
+        """Write the memory queue (and the batch in flight, when it is only in memory) to the spool,
+        oldest first.  Any thread.  True when nothing is left only in memory."""
+        sp = self._spool
+        if sp is None:
+            return False
+        from .spool.codec import CodecError, encode_batch
+
+        with self._io:
+            with self._cond:
+                cur = self._current
+                anything = bool(self._mem) or (cur is not None and cur.frame is None and not cur.unspoolable)
+            if not anything:
+                if sync and sp.opened:
+                    self._sync_spool(sp)
+                return True
+            ready = self._spool_ready(sp)  # may create and recover the directory: not under _cond
+            with self._cond:
+                if not ready:
+                    self._drop_overflow()
+                    self._refresh()
+                    return False
+                cur = self._current
+                if cur is not None and cur.frame is None and not cur.unspoolable and sp.pending_frames:
+                    # opening the spool just recovered older frames: the batch in flight cannot go
+                    # behind them (it would be delivered twice); it stays memory-only
+                    cur.unspoolable = True
+                if cur is not None and (cur.frame is not None or cur.unspoolable):
+                    cur = None
+                todo = ([cur] if cur is not None else []) + list(self._mem)
+                self._mem.clear()
+                self._mem_items = 0
+                self._spilling += 1
+            back: list[_Entry] = []
+            written = dropped = 0
+            try:
+                for i, e in enumerate(todo):
+                    inflight = e is cur
+                    try:
+                        payload = encode_batch(e.spans, e.records)
+                    except CodecError as exc:
+                        if inflight:
+                            e.unspoolable = True  # it is being delivered from memory anyway
+                        else:
+                            self._dropped += e.n
+                            _log.error("otel-rl: exporter %r: a batch cannot be written to the spool (%s); "
+                                       "dropped its %d items", self.name, exc, e.n)
+                        continue
+                    try:
+                        frame, lost = sp.append(payload, e.n, inflight=inflight)
+                    except OSError as exc:
+                        back = [x for x in todo[i:] if x is not cur]
+                        self._spool_retry_at = time.monotonic() + 10.0
+                        warn_once(f"spool-write:{self.name}:{type(exc).__name__}",
+                                  "otel-rl: exporter %r: cannot write its spool %s (%s); keeping batches in memory",
+                                  self.name, sp.path, exc)
+                        break
+                    dropped += lost
+                    if frame is None:
+                        if inflight:
+                            e.unspoolable = True
+                        continue
+                    if inflight:
+                        e.frame = frame
+                    elif self._write_through and self._cache_items + e.n <= self._max_items:
+                        e.frame = frame
+                        self._cache[(frame.seq, frame.index)] = e
+                        self._cache_items += e.n
+                    written += e.n
+                if sync:
+                    self._sync_spool(sp)
+            finally:
+                with self._cond:
+                    self._spilling -= 1
+                    if back:
+                        self._mem.extendleft(reversed(back))
+                        self._mem_items += sum(x.n for x in back)
+                        self._drop_overflow()
+                    self.stats.spooled += written
+                    self._refresh()
+                    self._cond.notify_all()
+        if dropped:
+            self._log_cap_drop()
+        return not back
+
+    def _spool_ready(self, sp: Any) -> bool:
+        """Open (create) the spool if needed.  Under _io, not _cond."""
+        if sp.opened:
+            return True
+        if time.monotonic() < self._spool_retry_at:
+            return False
+        from .spool import SpoolBusy
+
+        try:
+            sp.open(create=True)
+        except (OSError, SpoolBusy) as exc:
+            self._spool_retry_at = time.monotonic() + 10.0
+            warn_once(f"spool-open:{self.name}", "otel-rl: exporter %r: cannot use the spool directory %s (%s); "
+                      "queueing in memory only", self.name, sp.options.path, exc)
+            return False
+        return True
+
+    def _sync_spool(self, sp: Any) -> None:
+        try:
+            sp.sync()
+        except OSError as exc:
+            warn_once(f"spool-fsync:{self.name}", "otel-rl: exporter %r: fsync of spool %s failed: %s",
+                      self.name, sp.path, exc)
+
+    def _log_cap_drop(self) -> None:
+        sp = self._spool
+        now = time.monotonic()
+        total = sp.dropped_items
+        if total == self._spool_dropped_seen or now - self._drop_logged_at < 10.0:
+            return
+        _log.warning("otel-rl: spool of exporter %r is full (spool_max_bytes=%d); dropped %d items so far "
+                     "(spool_drop_policy=%s), %d since the last report", self.name, sp.options.max_bytes, total,
+                     sp.options.drop_policy, total - self._spool_dropped_seen)
+        self._spool_dropped_seen = total
+        self._drop_logged_at = now
+
+    def _refresh(self) -> None:
+        """Recompute the derived stats.  Under _cond."""
+        st = self.stats
+        sp = self._spool
+        cur = self._current
+        mem = self._mem_items + (cur.n if cur is not None and cur.frame is None else 0)
+        pending = sp.pending_items if sp is not None else 0
+        st.in_memory = mem
+        st.queued = mem + pending
+        st.spool_pending = pending
+        st.spool_bytes = sp.bytes if sp is not None and sp.opened else 0
+        st.corrupt_frames = (sp.corrupt_frames if sp is not None else 0) + self._undecodable
+        st.dropped = self._dropped + (sp.dropped_items if sp is not None else 0)
+
+    def _idle(self) -> bool:
+        sp = self._spool
+        return (not self._mem and self._current is None and not self._spilling and not self._recovering
+                and not (sp is not None and sp.pending_frames))
+
+    # -- delivery thread ---------------------------------------------------------------------
     def _run(self) -> None:
+        self._recover()
         attempt = 0
         poison_attempts = 0
-        spans_done: Any = None
         while True:
-            with self._cond:
-                while not self._batches and not self._stop:
-                    self._busy = False
-                    self._cond.notify_all()
-                    self._cond.wait()
-                if not self._batches and self._stop:
-                    self._busy = False
-                    self._cond.notify_all()
-                    return
-                spans, records = self._batches[0]
-                self._busy = True
+            e = self._next_entry()
+            if e is None:
+                break
             try:
-                if spans and spans_done is not spans:
-                    self.exporter.export_spans(spans)
-                    spans_done = spans  # a retry after a records failure does not resend the spans
-                if records:
-                    self.exporter.export_records(records)
+                if e.spans and not e.spans_done:
+                    self.exporter.export_spans(e.spans)
+                    e.spans_done = True
+                if e.records:
+                    self.exporter.export_records(e.records)
             except Exception as exc:  # the exporter failed: keep the batch, back off, retry
                 self.stats.failed_attempts += 1
                 warn_once(f"export-fail:{self.name}:{type(exc).__name__}",
                           "otel-rl: exporter %r failed (%s: %s); the batch is kept and retried",
                           self.name, type(exc).__name__, exc)
                 poison_attempts = poison_attempts + 1 if isinstance(exc, POISON_ERRORS) else 0
-                with self._cond:
-                    if poison_attempts >= POISON_MAX_ATTEMPTS and self._batches:
-                        # the same data error every time: this batch will never go through
-                        bad_s, bad_r = self._batches.popleft()
-                        lost = len(bad_s) + len(bad_r)
-                        self.stats.queued -= lost
-                        self.stats.dropped += lost
-                        _log.error("otel-rl: exporter %r rejected a batch %d times (%s: %s); dropped its %d items",
-                                   self.name, poison_attempts, type(exc).__name__, exc, lost)
-                        poison_attempts = 0
-                        attempt = 0
-                        continue
-                    if self._stop:  # shutting down: give up on what is left, counted
-                        lost = sum(len(s) + len(r) for s, r in self._batches)
-                        self._batches.clear()
-                        self.stats.queued = 0
-                        self.stats.dropped += lost
-                        if lost:
-                            _log.warning("otel-rl: exporter %r still failing at shutdown; %d items not delivered",
-                                         self.name, lost)
-                        continue
-                    delay = min(self._backoff_max, 0.05 * (2 ** min(attempt, 16)))
-                    attempt += 1
-                    self.stats.retried += 1
-                    self._cond.wait(delay * (0.5 + random.random()))
+                if poison_attempts >= POISON_MAX_ATTEMPTS:
+                    # the same data error every time: this batch will never go through
+                    _log.error("otel-rl: exporter %r rejected a batch %d times (%s: %s); dropped its %d items",
+                               self.name, poison_attempts, type(exc).__name__, exc, e.n)
+                    self._finish(e, delivered=False)
+                    poison_attempts = attempt = 0
+                    continue
+                if not isinstance(exc, POISON_ERRORS):
+                    self._failing = True
+                if self._stop:  # shutting down: keep what is left in the spool, or give up (counted)
+                    self._give_up()
+                    break
+                if self._failing and self._spool is not None:
+                    self._spill()  # the exporter is down: what waits is made durable now
+                delay = min(self._backoff_max, 0.05 * (2 ** min(attempt, 16)))
+                attempt += 1
+                self.stats.retried += 1
+                self._backoff(delay * (0.5 + random.random()))
                 continue
             attempt = 0
             poison_attempts = 0
-            with self._cond:
-                if self._batches and self._batches[0][0] is spans and self._batches[0][1] is records:
-                    self._batches.popleft()
-                    n = len(spans) + len(records)
-                    self.stats.queued -= n
-                    self.stats.exported += n
+            self._failing = False
+            self._finish(e, delivered=True)
+        self._close()
 
+    def _recover(self) -> None:
+        """A spool directory left by an earlier process: deliver its frames first."""
+        sp = self._spool
+        if sp is None:
+            return
+        try:
+            self._recover_spool(sp)
+        finally:
+            with self._cond:
+                self._recovering = False
+                self._refresh()
+                self._cond.notify_all()
+
+    def _recover_spool(self, sp: Any) -> None:
+        from .spool import SpoolBusy
+
+        with self._io:
+            try:
+                if not sp.opened and not sp.exists():
+                    return
+                if not sp.open(create=False):
+                    return
+            except SpoolBusy:
+                return  # another live process owns it; a spill here uses a sibling directory
+            except OSError as exc:
+                warn_once(f"spool-open:{self.name}", "otel-rl: exporter %r: cannot read the spool %s (%s)",
+                          self.name, sp.options.path, exc)
+                return
+        if sp.recovered_items:
+            _log.warning("otel-rl: exporter %r: %d items (%d bytes) left in spool %s by an earlier process; "
+                         "delivering them first", self.name, sp.recovered_items, sp.bytes, sp.path)
+
+    def _next_entry(self) -> _Entry | None:
+        """The batch to deliver next (the one in flight if any); None when stopped and idle."""
+        from .spool.codec import CodecError, decode_batch
+
+        while True:
+            frame = None
+            with self._io:
+                with self._cond:
+                    if self._current is not None:
+                        return self._current
+                sp = self._spool
+                if sp is not None and sp.opened and sp.pending_frames:
+                    frame = sp.peek()
+                    if frame is not None:
+                        entry = self._cache_take(frame)
+                        if entry is not None:
+                            with self._cond:
+                                self._current = entry
+                                self._refresh()
+                            return entry
+                    else:
+                        with self._cond:
+                            self._refresh()
+                if frame is None:
+                    with self._cond:
+                        if self._mem:
+                            entry = self._mem.popleft()
+                            self._mem_items -= entry.n
+                            self._current = entry
+                            self._refresh()
+                            return entry
+            if frame is not None:
+                try:
+                    spans, records = decode_batch(frame.payload)
+                except CodecError as exc:
+                    _log.warning("otel-rl: exporter %r: spool %s frame at %d:%d cannot be read (%s); skipped %d items",
+                                 self.name, sp.path, frame.seq, frame.offset, exc, frame.n_items)
+                    with self._io:
+                        sp.advance(frame)
+                        with self._cond:
+                            self._undecodable += 1
+                            self._dropped += frame.n_items
+                            self._refresh()
+                    continue
+                entry = _Entry(spans, records, frame.n_items, frame)
+                with self._cond:
+                    self._current = entry
+                return entry
+            with self._cond:
+                if self._mem or self._spilling or (sp is not None and sp.opened and sp.pending_frames):
+                    continue
+                if self._stop:
+                    self._cond.notify_all()
+                    return None
+                self._cond.notify_all()  # idle: wake wait_idle()
+                dirty = sp is not None and sp.opened and sp.dirty
+                self._cond.wait(_SYNC_INTERVAL_S if dirty else None)
+            if dirty:
+                with self._io:
+                    if sp.opened and sp.dirty:
+                        self._sync_spool(sp)
+
+    def _cache_take(self, frame: Any) -> _Entry | None:
+        if not self._cache:
+            return None
+        key = (frame.seq, frame.index)
+        for k in list(self._cache):  # frames before this one were dropped or skipped
+            if k >= key:
+                break
+            self._cache_items -= self._cache.pop(k).n
+        e = self._cache.pop(key, None)
+        if e is not None:
+            self._cache_items -= e.n
+            e.frame = frame
+        return e
+
+    def _finish(self, e: _Entry, delivered: bool) -> None:
+        with self._io:
+            sp = self._spool
+            if e.frame is not None and sp is not None:
+                sp.advance(e.frame)
+            with self._cond:
+                self._current = None
+                if delivered:
+                    self.stats.exported += e.n
+                    if e.frame is not None:
+                        self.stats.replayed += e.n
+                else:
+                    self._dropped += e.n
+                self._refresh()
+                self._cond.notify_all()
+
+    def _backoff(self, delay: float) -> None:
+        end = time.monotonic() + delay
+        sp = self._spool
+        with self._cond:
+            while not self._stop and not self._nudge:
+                left = end - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(min(left, _SYNC_INTERVAL_S))
+                if sp is not None and sp.opened and sp.dirty:
+                    self._cond.release()
+                    try:
+                        with self._io:
+                            if sp.opened and sp.dirty:
+                                self._sync_spool(sp)
+                    finally:
+                        self._cond.acquire()
+            self._nudge = False
+
+    def _give_up(self) -> None:
+        """Stopping while the exporter fails: the rest goes to the spool, or is dropped (counted)."""
+        if self._spool is not None:
+            self._spill(sync=True)
+        with self._cond:
+            cur = self._current
+            lost = self._mem_items + (cur.n if cur is not None and cur.frame is None else 0)
+            self._dropped += lost
+            self._mem.clear()
+            self._mem_items = 0
+            self._current = None
+            self._refresh()
+            self._cond.notify_all()
+        if lost:
+            _log.warning("otel-rl: exporter %r still failing at shutdown; %d items not delivered", self.name, lost)
+
+    def _close(self) -> None:
+        sp = self._spool
+        if sp is not None:
+            with self._io:
+                pending, nbytes, path = sp.pending_items, sp.bytes, sp.path
+                if sp.opened:
+                    sp.close(remove_if_empty=True)
+            if pending:
+                self._log_left(pending, nbytes, path)
+        with self._cond:
+            self._refresh()
+            self._cond.notify_all()
+
+    def _log_left(self, pending: int, nbytes: int, path: str) -> None:
+        if self._left_logged:
+            return
+        self._left_logged = True
+        _log.warning("otel-rl: exporter %r: %d items (%d bytes) kept in spool %s; they are delivered at the next "
+                     "start with the same spool directory, or now with `otel-rl replay %s`",
+                     self.name, pending, nbytes, path, path)
+
+    # -- control -------------------------------------------------------------------------------
     def wait_idle(self, timeout_s: float) -> bool:
+        """True once everything queued is delivered.  On timeout, what is left is written to the
+        spool (when there is one) and fsynced before returning False: after `wait_idle` returns,
+        every batch put before it is delivered or acknowledged in the spool."""
         deadline = time.monotonic() + timeout_s
         with self._cond:
-            while self._batches or self._busy:
+            if not self._idle():
+                self._nudge = True  # a flush: retry now rather than at the end of the backoff
+                self._cond.notify_all()
+            while not self._idle():
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    return False
+                    break
                 self._cond.wait(left)
+            idle = self._idle()
+        sp = self._spool
+        if not idle:
+            if sp is not None:
+                self._spill(sync=True)
+            return False
+        if sp is not None and sp.opened and sp.dirty:
+            with self._io:
+                if sp.opened:
+                    self._sync_spool(sp)
         return True
 
     def stop(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
         self.wait_idle(timeout_s)
         self.request_stop()
-        self._thread.join(timeout_s)
+        self.join(max(0.0, deadline - time.monotonic()))
 
     def request_stop(self) -> None:
-        """Deliver what is queued, but drop (counted) instead of retrying on failure; then end."""
+        """Deliver what is queued; on failure keep it in the spool (or drop it, counted); then end."""
         with self._cond:
             self._stop = True
             self._cond.notify_all()
 
     def join(self, timeout_s: float) -> None:
         self._thread.join(timeout_s)
+        sp = self._spool
+        if sp is not None and self._thread.is_alive():
+            # the exporter is stuck in a call: make what waits durable from here
+            self._spill(sync=True)
+            with self._cond:
+                pending = self.stats.spool_pending
+            if pending:
+                self._log_left(pending, sp.bytes, sp.path)
+
+
+_SYNC_INTERVAL_S = 1.0
+
+
+def _make_spool(spool: Any, config: Any, exporter: Any) -> Any:
+    if spool is None and config is None:
+        return None
+    from .spool import Spool, SpoolOptions, options_for
+
+    if isinstance(spool, Spool):
+        return spool
+    try:
+        opts = spool if isinstance(spool, SpoolOptions) else options_for(config, exporter)
+    except (ValueError, TypeError) as exc:
+        _log.warning("otel-rl: exporter %r: spool settings not usable (%s); queueing in memory only",
+                     getattr(exporter, "name", "?"), exc)
+        return None
+    return Spool(opts) if opts is not None else None
 
 
 class Pipeline:
@@ -234,13 +669,23 @@ class Pipeline:
         self._ids = RandomIdGenerator()
         self._builder = RecordBuilder()
         self.pending_decode: dict[int, tuple] = {}
-        self.queues = [DeliveryQueue(e, config.queue_size) for e in exporters
+        self.queues = [DeliveryQueue(e, config.queue_size, config=config) for e in exporters
                        if e.wants_records or e.wants_spans or e.wants_trajectories]
         self._stopping = False
         self._worker = threading.Thread(target=self._run, name="otel-rl-pipeline", daemon=True)
         self._worker.start()
 
     # -- caller side -----------------------------------------------------------------
+    def add_exporter(self, exporter: Any, first: Sequence[Any] = ()) -> None:
+        """Deliver to `exporter` what is submitted from now on; `first` (records) reach it before that."""
+        if not (exporter.wants_records or exporter.wants_spans or exporter.wants_trajectories):
+            return
+        q = DeliveryQueue(exporter, self.config.queue_size, config=self.config)  # as in __init__
+        if first:
+            q.put([], list(first))
+        self._items.append(_AddQueue(q))  # attached by the worker, after what was submitted before
+        self._wake.set()
+
     def submit(self, item: Any) -> None:
         items = self._items
         if len(items) >= self._max_items:
@@ -302,28 +747,44 @@ class Pipeline:
             spans: list = []
             stats: list = []
             markers: list = []
+            routed: tuple | None = None  # (span, exporter names) of an item for some exporters only
+            added: _AddQueue | None = None
             items = self._items
             while items and len(spans) < 4096:
                 item = items.popleft()
                 if isinstance(item, ReadableSpan):
                     spans.append(item)
                 elif isinstance(item, LogItem):
+                    if item.only is not None:
+                        routed = (self._log_span(item), item.only)
+                        break  # delivered right after what came before it, to its exporters only
                     spans.append(self._log_span(item))
                 elif isinstance(item, GenerationsItem):
+                    if item.only is not None:
+                        routed = (self._generations_span(item), item.only)
+                        break
                     spans.append(self._generations_span(item))
                 elif isinstance(item, TrajectoryStat):
                     stats.append(item)
                 elif isinstance(item, _Marker):
                     markers.append(item)
                     break  # deliver what came before the flush request first
+                elif isinstance(item, _AddQueue):
+                    added = item
+                    break  # what came before is not for the new exporter
             if self.pending_decode:
                 spans = self._token2text(spans)
             records = self._builder.build(spans)
             self._process(records, spans, stats)
+            if routed is not None:
+                self._process(self._builder.build([routed[0]]), [routed[0]], (), routed[1])
+            if added is not None:
+                self.queues = self.queues + [added.queue]  # a new list: flush() may be iterating the old one
             for m in markers:
                 m.event.set()
 
-    def _process(self, records: list[Record], spans: list, stats: Sequence[TrajectoryStat] = ()) -> None:
+    def _process(self, records: list[Record], spans: list, stats: Sequence[TrajectoryStat] = (),
+                 only: frozenset[str] | None = None) -> None:
         if self.instruments is not None:
             try:
                 self.instruments.update(records, spans, stats)
@@ -332,6 +793,8 @@ class Pipeline:
         if not records and not spans:
             return
         for q in self.queues:
+            if only is not None and q.name not in only:
+                continue
             exp = q.exporter
             recs = [r for r in records if not isinstance(r, Trajectory) or exp.wants_trajectories] \
                 if exp.wants_records or exp.wants_trajectories else []

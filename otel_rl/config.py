@@ -74,6 +74,12 @@ class Config:
     max_value_chars: int = 256 * 1024
     batch_delay_s: float = 0.2
     queue_size: int = 100_000
+    # durable delivery (docs/delivery.md): the on-disk spool behind each exporter's queue
+    spool_dir: str | None = None  # None: ~/.cache/otel-rl/spool/<run id>; "off": no spool
+    spool_max_bytes: int = 1 << 30  # per exporter queue
+    spool_drop_policy: str = "drop_oldest"  # when the cap is hit: drop_oldest | drop_newest
+    spool_fsync: str = "batch"  # always | batch | never
+    spool_exporters: str = "auto"  # auto (tracker exporters) | all | none | comma list of names
     set_global_provider: bool = False
     disabled: bool = False
     resource_attributes: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -104,6 +110,11 @@ ENV_KEYS: dict[str, str] = {
     "OTEL_RL_MAX_VALUE_CHARS": "max_value_chars",
     "OTEL_RL_BATCH_DELAY_S": "batch_delay_s",
     "OTEL_RL_QUEUE_SIZE": "queue_size",
+    "OTEL_RL_SPOOL_DIR": "spool_dir",
+    "OTEL_RL_SPOOL_MAX_BYTES": "spool_max_bytes",
+    "OTEL_RL_SPOOL_DROP_POLICY": "spool_drop_policy",
+    "OTEL_RL_SPOOL_FSYNC": "spool_fsync",
+    "OTEL_RL_SPOOL_EXPORTERS": "spool_exporters",
     "OTEL_EXPORTER_PROMETHEUS_HOST": "prometheus_host",
     "OTEL_EXPORTER_PROMETHEUS_PORT": "prometheus_port",
 }
@@ -279,6 +290,25 @@ def _as_int(name: str, v: Any, allow_none: bool = False) -> int | None:
         raise ConfigError(f"{name}: expected an integer, got {v!r}") from None
 
 
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1 << 10, "m": 1000**2, "mb": 1000**2, "mib": 1 << 20,
+               "g": 1000**3, "gb": 1000**3, "gib": 1 << 30, "t": 1000**4, "tb": 1000**4, "tib": 1 << 40}
+
+
+def _as_size(name: str, v: Any) -> int:
+    """Bytes: an integer or a string with a unit (``512MiB``, ``2GB``, ``1g``)."""
+    if isinstance(v, str):
+        m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", v)
+        unit = m.group(2).lower() if m else ""
+        if not m or unit not in _SIZE_UNITS:
+            raise ConfigError(f"{name}: expected a size in bytes (e.g. 1073741824, 512MiB, 2GB), got {v!r}")
+        out = int(float(m.group(1)) * _SIZE_UNITS[unit])
+    else:
+        out = _as_int(name, v)  # type: ignore[assignment]
+    if out is None or out <= 0:
+        raise ConfigError(f"{name}: must be > 0, got {v!r}")
+    return out
+
+
 def _as_names(name: str, v: Any) -> tuple[str, ...]:
     if v is None:
         return ()
@@ -303,6 +333,18 @@ def _coerce(field: str, v: Any, source: str) -> Any:
         return _as_bool(label, v)
     if field == "tracing":
         return None if v is None else _as_bool(label, v)
+    if field == "spool_max_bytes":
+        return _as_size(label, v)
+    if field in ("spool_drop_policy", "spool_fsync"):
+        choices = ("drop_oldest", "drop_newest") if field == "spool_drop_policy" else ("always", "batch", "never")
+        s = str(v).strip().lower()
+        if field == "spool_drop_policy" and s in ("oldest", "newest"):
+            s = "drop_" + s
+        if s not in choices:
+            raise ConfigError(f"{label}: expected one of {', '.join(choices)}, got {v!r}")
+        return s
+    if field == "spool_exporters" and isinstance(v, (list, tuple)):
+        return ",".join(_as_names(label, v))
     if field in ("rank", "log_val_generations", "prometheus_port", "max_value_chars", "queue_size"):
         out = _as_int(label, v)
         if field == "log_val_generations" and out is not None and out < 0:

@@ -13,3 +13,16 @@ def pytest_collectreport(report: pytest.CollectReport) -> None:
     if os.environ.get("CI") and report.outcome == "skipped" and report.nodeid.startswith("tests/"):
         report.outcome = "failed"
         report.longrepr = f"skipped on CI (a dependency is missing): {report.longrepr}"
+
+
+@pytest.fixture(autouse=True)
+def _restore_mlflow_tracking_uri():
+    """A test that calls mlflow.set_tracking_uri() must not redirect the next test's data."""
+    import sys
+
+    utils = sys.modules.get("mlflow.tracking._tracking_service.utils")
+    before = getattr(utils, "_tracking_uri", None) if utils is not None else None
+    yield
+    utils = sys.modules.get("mlflow.tracking._tracking_service.utils")
+    if utils is not None and hasattr(utils, "_tracking_uri"):
+        utils._tracking_uri = before

@@ -1,0 +1,113 @@
+"""OTLP/gRPC receiver: ``TraceService/Export`` and ``MetricsService/Export`` on grpcio.
+
+The methods are registered with a generic handler that takes the request as bytes, so gRPC and
+HTTP share one decoder.  grpcio enforces ``max_receive_message_length`` on the decompressed
+message (a compressed bomb fails with RESOURCE_EXHAUSTED before it reaches us) and caps
+concurrent calls (``maximum_concurrent_rpcs``).  Status codes follow the OTLP specification:
+INVALID_ARGUMENT for a malformed request (not retried), UNAVAILABLE while busy or shutting down
+(retried), UNAUTHENTICATED for a wrong token.
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent import futures
+from typing import Any
+
+from .core import Busy, _Raw
+from .decode import DecodeError
+
+_log = logging.getLogger("otel_rl.bridge")
+
+TRACE_SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
+METRICS_SERVICE = "opentelemetry.proto.collector.metrics.v1.MetricsService"
+
+
+class GrpcReceiver:
+    def __init__(self, bridge: Any, address: tuple[str, int]):
+        import grpc
+
+        self._grpc = grpc
+        self.bridge = bridge
+        s = bridge.settings
+        self.server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=max(1, s.grpc_workers), thread_name_prefix="otel-rl-bridge-grpc"),
+            options=[("grpc.max_receive_message_length", int(s.max_decompressed_bytes)),
+                     ("grpc.max_send_message_length", 1 << 20),
+                     ("grpc.so_reuseport", 0)],
+            maximum_concurrent_rpcs=max(1, s.max_connections),
+        )
+        handlers = [
+            grpc.method_handlers_generic_handler(TRACE_SERVICE, {
+                "Export": grpc.unary_unary_rpc_method_handler(self._export("traces"))}),
+            grpc.method_handlers_generic_handler(METRICS_SERVICE, {
+                "Export": grpc.unary_unary_rpc_method_handler(self._export("metrics"))}),
+        ]
+        self.server.add_generic_rpc_handlers(handlers)
+        host, port = address
+        target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        if s.tls_cert:
+            with open(s.tls_key, "rb") as f:
+                key = f.read()
+            with open(s.tls_cert, "rb") as f:
+                cert = f.read()
+            bound = self.server.add_secure_port(target, grpc.ssl_server_credentials([(key, cert)]))
+        else:
+            bound = self.server.add_insecure_port(target)
+        if not bound:
+            raise OSError(f"cannot listen for gRPC on {target}")
+        self.host, self.port = host, bound
+        self.server.start()
+
+    def _export(self, signal: str) -> Any:
+        grpc = self._grpc
+        bridge = self.bridge
+        if signal == "traces":
+            from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse as Resp
+        else:
+            from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceResponse as Resp
+        path = f"/v1/{signal}"
+
+        def export(request: bytes, context: Any) -> bytes:
+            counters = bridge.counters
+            if bridge._token is not None:
+                auth = None
+                for k, v in context.invocation_metadata() or ():
+                    if k == "authorization":
+                        auth = v
+                if not bridge.authorized(auth):
+                    counters.request("grpc", signal, "rejected", "unauthorized")
+                    context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
+            if not bridge.enter():
+                counters.request("grpc", signal, "rejected", "shutting_down")
+                context.abort(grpc.StatusCode.UNAVAILABLE, "shutting down")
+            code = message = None
+            try:
+                counters.add(counters.bytes, ("grpc", signal), len(request))
+                result = bridge.ingest(signal, request, json_body=False, transport="grpc",
+                                       raw=_Raw(path, request, "application/x-protobuf", ""))
+            except DecodeError as exc:
+                counters.request("grpc", signal, "rejected", "malformed")
+                code, message = grpc.StatusCode.INVALID_ARGUMENT, str(exc)
+            except Busy as exc:
+                counters.request("grpc", signal, "rejected", "busy")
+                code, message = grpc.StatusCode.UNAVAILABLE, str(exc)
+            except Exception:
+                _log.exception("otel-rl bridge: error while handling gRPC %s", signal)
+                counters.request("grpc", signal, "rejected", "internal")
+                code, message = grpc.StatusCode.INTERNAL, "internal error"
+            finally:
+                bridge.leave()
+            if code is not None:
+                context.abort(code, message)
+            counters.request("grpc", signal, "accepted", "")
+            resp = Resp()
+            if signal == "traces" and (result.rejected or result.error_message):
+                resp.partial_success.rejected_spans = result.rejected
+                resp.partial_success.error_message = result.error_message
+            return resp.SerializeToString()
+
+        return export
+
+    def stop(self, grace_s: float) -> None:
+        self.server.stop(grace_s).wait(grace_s + 1.0)

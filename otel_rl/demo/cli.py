@@ -1,0 +1,235 @@
+"""``otel-rl demo``: train a small agentic GRPO policy on CPU, fully instrumented.
+
+    otel-rl demo [--seed N] [--steps N] [--output-dir DIR] [--wandb] [--swanlab]
+                 [--otlp-endpoint URL] [--prometheus-port PORT] [--quick] [overrides ...]
+
+Overrides are verl-style dotlist items merged over `config.DEFAULT_CONFIG`, e.g.
+``trainer.logger='["console","mlflow","file"]' actor_rollout_ref.rollout.n=4``.
+See docs/demo.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from .config import DEFAULT_OUTPUT_DIR, build_config, get
+
+#: a few seconds: what the tests and a first look use
+QUICK = ["trainer.total_training_steps=6", "trainer.test_freq=3", "data.train_batch_size=8",
+         "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4", "data.val_batch_size=16"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = ("Train a tiny transformer with GRPO to answer arithmetic questions with a calculator "
+                          "tool (multi-turn agent loop), on CPU, with every otel-rl exporter available. Data goes "
+                          "to the console, a local MLflow store and a JSONL file by default (no server, no account).")
+    parser.add_argument("overrides", nargs="*", metavar="key=value",
+                        help="verl-style dotlist overrides, e.g. trainer.total_training_steps=20 "
+                             "actor_rollout_ref.rollout.n=4 'trainer.logger=[console,file]'")
+    parser.add_argument("--seed", type=int, default=None, help="trainer.seed (default 0)")
+    parser.add_argument("--steps", type=int, default=None, help="trainer.total_training_steps")
+    parser.add_argument("--quick", action="store_true", help="a few-second run: " + " ".join(QUICK))
+    parser.add_argument("--output-dir", default=DEFAULT_OUTPUT_DIR,
+                        help="where the MLflow store, the JSONL file and offline tracker runs go "
+                             f"(default {DEFAULT_OUTPUT_DIR})")
+    parser.add_argument("--wandb", action="store_true",
+                        help="also log to Weights & Biases (offline under the output dir unless WANDB_API_KEY is set)")
+    parser.add_argument("--swanlab", action="store_true",
+                        help="also log to SwanLab (offline under the output dir unless SWANLAB_API_KEY is set)")
+    parser.add_argument("--otlp-endpoint", default=None, metavar="URL",
+                        help="also send spans and metrics over OTLP to this endpoint (e.g. http://localhost:4318)")
+    parser.add_argument("--prometheus-port", type=int, default=None, metavar="PORT",
+                        help="also serve Prometheus metrics on this port during the run (0: a free port)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress line")
+    parser.add_argument("--report-json", default=None, metavar="PATH",
+                        help="also write the run's timings, validation rewards and last metrics as JSON")
+
+
+def _names(value: Any) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        s = value.strip()
+        if s.startswith("["):
+            from otel_rl.config import parse_value
+
+            return _names(parse_value(s))
+        return [p.strip() for p in s.split(",") if p.strip()]
+    return [str(v).strip() for v in value]
+
+
+def prepare(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, str], str]:
+    """The config given to `otel_rl.init` and the environment defaults to set (unset variables only)."""
+    overrides = (QUICK if args.quick else []) + list(args.overrides)
+    if args.steps is not None:
+        overrides.append(f"trainer.total_training_steps={int(args.steps)}")
+    cfg = build_config(overrides, seed=args.seed)
+    out = os.path.abspath(os.path.expanduser(args.output_dir))
+    trainer = cfg["trainer"]
+    loggers = _names(trainer.get("logger"))
+    for flag, name in ((args.wandb, "wandb"), (args.swanlab, "swanlab"), (args.otlp_endpoint, "otlp"),
+                       (args.prometheus_port is not None, "prometheus")):
+        if flag and name not in loggers:
+            loggers.append(name)
+    trainer["logger"] = loggers
+    ours = cfg.setdefault("otel_rl", {})
+    if args.otlp_endpoint:
+        ours["otlp_endpoint"] = args.otlp_endpoint
+    if args.prometheus_port is not None:
+        ours["prometheus_port"] = int(args.prometheus_port)
+    used = set(loggers) | {get(cfg, "actor_rollout_ref.rollout.trace.backend") or ""}
+    env: dict[str, str] = {}
+    environ = os.environ
+    if ({"file", "jsonl"} & used and not ours.get("jsonl_path")
+            and not any(environ.get(v) for v in ("OTEL_RL_JSONL_PATH", "VERL_FILE_LOGGER_PATH", "VERL_FILE_LOGGER_ROOT"))):
+        ours["jsonl_path"] = os.path.join(out, trainer["project_name"], f"{trainer['experiment_name']}.jsonl")
+    if "mlflow" in used and not environ.get("MLFLOW_TRACKING_URI"):
+        env["MLFLOW_TRACKING_URI"] = "sqlite:///" + os.path.join(out, "mlruns.db")
+    if used & {"wandb", "tracking"}:
+        if not environ.get("WANDB_API_KEY") and not environ.get("WANDB_MODE"):
+            env["WANDB_MODE"] = "offline"
+        if not environ.get("WANDB_DIR"):
+            env["WANDB_DIR"] = out
+    if "swanlab" in used:
+        if not environ.get("SWANLAB_API_KEY") and not environ.get("SWANLAB_MODE"):
+            env["SWANLAB_MODE"] = "offline"
+        if not environ.get("SWANLAB_LOG_DIR"):
+            env["SWANLAB_LOG_DIR"] = os.path.join(out, "swanlog")
+    if not ours:
+        del cfg["otel_rl"]
+    return cfg, env, out
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _mlflow_experiment(uri: str, name: str, artifact_root: str) -> None:
+    """In a store of our own, create the experiment with its artifacts beside the store
+    (MLflow would put them in ./mlruns under the working directory)."""
+    try:
+        from mlflow import MlflowClient
+
+        client = MlflowClient(tracking_uri=uri)
+        if client.get_experiment_by_name(name) is None:
+            client.create_experiment(name, artifact_location=artifact_root)
+    except Exception as exc:  # the exporter creates it itself, reports problems and retries
+        print(f"otel-rl demo: could not prepare the MLflow experiment: {exc}", file=sys.stderr)
+
+
+def run(args: argparse.Namespace) -> int:
+    import otel_rl
+
+    from .progress import Progress
+    from .task import ArithTokenizer
+    from .trainer import GRPOTrainer
+
+    try:
+        cfg, env, out = prepare(args)
+    except (otel_rl.ConfigError, ValueError) as exc:
+        print(f"otel-rl demo: {exc}", file=sys.stderr)
+        return 2
+    os.makedirs(out, exist_ok=True)
+    t0 = time.perf_counter()
+    with _environment(env):
+        if "MLFLOW_TRACKING_URI" in env:
+            _mlflow_experiment(env["MLFLOW_TRACKING_URI"], cfg["trainer"]["project_name"],
+                               os.path.join(out, "mlartifacts"))
+        try:
+            handle = otel_rl.init(cfg, tokenizer=ArithTokenizer())
+        except (otel_rl.ConfigError, otel_rl.UnknownExporterError) as exc:
+            print(f"otel-rl demo: {exc}", file=sys.stderr)
+            return 2
+        progress = Progress(int(get(cfg, "trainer.total_training_steps", 0)), enabled=not args.no_progress)
+        trainer = GRPOTrainer(cfg, on_step=progress.update)
+        t1 = time.perf_counter()
+        t2 = None
+        try:
+            with handle:
+                try:
+                    trainer.fit()
+                finally:
+                    progress.close()
+                t2 = time.perf_counter()
+        except KeyboardInterrupt:
+            print("otel-rl demo: interrupted", file=sys.stderr)
+            return 130
+        t3 = time.perf_counter()
+        timings = {"setup_s": t1 - t0, "train_s": t2 - t1, "flush_s": t3 - t2}
+        summary = format_summary(cfg, handle, trainer, out, timings)
+    print(summary, flush=True)
+    if args.report_json:
+        report = {"config": cfg, "run_id": handle.run_id, "exporters": [e.name for e in handle.exporters],
+                  "steps": trainer.total_steps, "trajectories": trainer.trajectories, **timings,
+                  "val_history": trainer.val_history, "last_metrics": trainer.last_metrics,
+                  "num_params": trainer.num_params}
+        with open(args.report_json, "w", encoding="utf-8") as f:
+            json.dump(report, f, indent=1)
+    return 0
+
+
+def format_summary(cfg: dict[str, Any], handle: Any, trainer: Any, out: str, timings: dict[str, float]) -> str:
+    tr = cfg["trainer"]
+    steps, t_train = trainer.total_steps, timings["train_s"]
+    lines = [
+        "",
+        f"otel-rl demo: {steps} GRPO steps in {t_train:.1f} s ({steps / max(t_train, 1e-9):.2f} steps/s), "
+        f"{trainer.trajectories:,} trajectories, a policy of {trainer.num_params:,} parameters; "
+        f"setup {timings['setup_s']:.1f} s, telemetry flushed in {timings['flush_s']:.1f} s",
+    ]
+    hist = trainer.val_history
+    if hist:
+        (s0, r0), (s1, r1) = hist[0], hist[-1]
+        lines.append(f"validation reward (val-core/arith/reward/mean@1): {r0:.3f} at step {s0} -> {r1:.3f} at step {s1}")
+    last = trainer.last_metrics
+    if "tool_call_counts/mean" in last:
+        lines.append(f"last step: reward {last.get('critic/score/mean', float('nan')):.3f}, "
+                     f"tool calls per trajectory {last['tool_call_counts/mean']:.2f}")
+    names = [e.name for e in handle.exporters]
+    lines.append(f"run {tr['project_name']}/{tr['experiment_name']}, otel-rl run id {handle.run_id}; "
+                 f"exporters: {', '.join(names) or 'none (telemetry off)'}")
+    for e in handle.exporters:
+        if e.name in ("file", "jsonl") and getattr(e, "path", None):
+            lines.append(f"  metrics (JSONL, one line per log call): {os.path.abspath(e.path)}")
+        elif e.name == "mlflow":
+            uri = os.environ.get("MLFLOW_TRACKING_URI") or getattr(e, "tracking_uri", None) or "sqlite:////tmp/mlruns.db"
+            lines.append(f"  MLflow: {uri}  experiment '{tr['project_name']}', run '{tr['experiment_name']}'")
+            if uri.startswith("sqlite:"):
+                lines.append(f"    mlflow ui --backend-store-uri {uri}")
+            lines.append("    traces: Traces tab, search  tags.step = '3'  (also tags.validate = 'true', "
+                         "tags.sample_index = '0')")
+            lines.append(f"    python: mlflow.search_traces(locations=[experiment_id], filter_string=\"tags.step = '3'\")")
+        elif e.name in ("wandb", "tracking"):
+            mode = os.environ.get("WANDB_MODE", "online")
+            where = os.path.join(os.environ.get("WANDB_DIR", "."), "wandb")
+            extra = f"; upload with: wandb sync {where}/offline-run-*" if mode == "offline" else ""
+            lines.append(f"  wandb ({mode}): {where}{extra}")
+        elif e.name == "swanlab":
+            mode = os.environ.get("SWANLAB_MODE", "cloud")
+            where = os.environ.get("SWANLAB_LOG_DIR", "swanlog")
+            extra = f"; upload with: swanlab sync {where}/<run dir>" if mode == "offline" else ""
+            lines.append(f"  swanlab ({mode}): {where}{extra}")
+        elif e.name == "otlp":
+            ep = get(cfg, "otel_rl.otlp_endpoint") or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "default endpoint")
+            lines.append(f"  OTLP: spans and metrics sent to {ep}")
+        elif e.name == "prometheus":
+            lines.append(f"  Prometheus: metrics were served on port {get(cfg, 'otel_rl.prometheus_port', 9464)} "
+                         "during the run (the endpoint closes with the run)")
+    return "\n".join(lines)

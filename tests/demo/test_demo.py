@@ -1,0 +1,250 @@
+"""`otel-rl demo` end to end: a short real GRPO run through the CLI, read back from the MLflow
+store it wrote (`MlflowClient`, `mlflow.search_traces`) and from its JSONL file.
+
+Every `Handle.log` call of the run is recorded (a wrapper around the real method), so the checks
+compare what the trainer logged with what each backend holds, value by value.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("mlflow")
+pytest.importorskip("otel_rl_mlflow")
+
+import mlflow  # noqa: E402
+from mlflow import MlflowClient  # noqa: E402
+
+import otel_rl  # noqa: E402
+from otel_rl import cli  # noqa: E402
+from otel_rl.demo import cli as demo_cli  # noqa: E402
+from otel_rl.demo.config import build_config  # noqa: E402
+from otel_rl.demo.progress import Progress  # noqa: E402
+from otel_rl.demo.trainer import GRPOTrainer  # noqa: E402
+from otel_rl.sampling import choose  # noqa: E402
+
+STEPS, BATCH, N, MAX_SAMPLES, VAL = 4, 6, 3, 2, 8
+ARGS = ["--no-progress", "--seed", "3", f"--steps={STEPS}", "trainer.test_freq=2", f"data.train_batch_size={BATCH}",
+        f"actor_rollout_ref.rollout.n={N}", "actor_rollout_ref.actor.ppo_mini_batch_size=3",
+        f"data.val_batch_size={VAL}", "trainer.log_val_generations=5",
+        f"actor_rollout_ref.rollout.trace.max_samples_per_step_per_worker={MAX_SAMPLES}"]
+TRAIN_KEYS = {
+    "critic/score/mean", "critic/score/max", "critic/score/min", "critic/rewards/mean", "critic/advantages/mean",
+    "critic/advantages/max", "critic/advantages/min", "actor/pg_loss", "actor/entropy", "actor/kl_loss",
+    "actor/pg_clipfrac", "actor/grad_norm", "actor/lr", "response_length/mean", "response_length/max",
+    "response_length/min", "prompt_length/mean", "num_turns/mean", "tool_call_counts/mean", "perf/throughput",
+}
+TIMING_KEYS = {f"timing_s/{k}" for k in ("gen", "reward", "old_log_prob", "ref", "adv", "update_actor", "step")}
+VAL_KEYS = {"val-core/arith/reward/mean@1", "val-aux/arith/acc/mean@1", "val-aux/arith/tool_call_counts/mean@1"}
+DEMO_ENV = ("MLFLOW_TRACKING_URI", "OTEL_RL_JSONL_PATH", "VERL_FILE_LOGGER_PATH", "VERL_FILE_LOGGER_ROOT",
+            "WANDB_MODE", "WANDB_API_KEY", "WANDB_DIR", "SWANLAB_MODE", "SWANLAB_API_KEY", "SWANLAB_LOG_DIR",
+            "OTEL_RL_EXPORTERS", "OTEL_RL_MAX_SAMPLES", "OTEL_RL_TRACE_BACKEND", "OTEL_SDK_DISABLED")
+
+
+def mlflow_key(key: str) -> str:
+    return key.replace("@", "_at_")  # the MLflow exporter's (verl's) rule for a character MLflow rejects
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory):
+    """One short demo run through `otel-rl demo` (in process); every Handle.log call recorded."""
+    mp = pytest.MonkeyPatch()
+    for var in DEMO_ENV:
+        mp.delenv(var, raising=False)
+    out = tmp_path_factory.mktemp("demo")
+    calls: list[tuple[int, dict]] = []
+    real_log = otel_rl.Handle.log
+
+    def recording_log(self, data, step=None):
+        calls.append((step, dict(data)))
+        return real_log(self, data, step)
+
+    mp.setattr(otel_rl.Handle, "log", recording_log)
+    stdout = io.StringIO()
+    mp.setattr("sys.stdout", stdout)
+    try:
+        rc = cli.main(["demo", "--output-dir", str(out), *ARGS])
+    finally:
+        mp.undo()
+    assert rc == 0
+    assert "MLFLOW_TRACKING_URI" not in os.environ  # the demo's defaults do not leak out of the run
+    uri = "sqlite:///" + str(out / "mlruns.db")
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name("otel_rl_demo")
+    (run,) = client.search_runs([exp.experiment_id])
+    return {"out": out, "calls": calls, "stdout": stdout.getvalue(), "uri": uri, "client": client, "exp": exp,
+            "run": run}
+
+
+def test_every_step_has_verl_metrics_and_timers(demo_run):
+    by_step: dict[int, set] = {}
+    for step, data in demo_run["calls"]:
+        by_step.setdefault(step, set()).update(data)
+    assert sorted(by_step) == list(range(STEPS + 1))
+    assert VAL_KEYS | {"timing_s/testing"} <= by_step[0]
+    for s in range(1, STEPS + 1):
+        assert TRAIN_KEYS | TIMING_KEYS <= by_step[s], s
+    for s in (2, 4):  # test_freq=2, and the last step
+        assert VAL_KEYS | {"timing_s/testing"} <= by_step[s]
+
+
+def test_jsonl_has_one_line_per_log_call(demo_run):
+    path = demo_run["out"] / "otel_rl_demo" / "grpo_arith_seed3.jsonl"
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    assert len(lines) == len(demo_run["calls"])
+    for line, (step, data) in zip(lines, demo_run["calls"]):
+        assert line["step"] == step
+        assert line["data"] == pytest.approx(data)
+
+
+def test_mlflow_run_has_every_metric_at_every_step(demo_run):
+    client, run = demo_run["client"], demo_run["run"]
+    assert run.info.run_name == "grpo_arith_seed3"
+    assert run.data.params["trainer/experiment_name"] == "grpo_arith_seed3"
+    assert run.data.params["actor_rollout_ref/rollout/n"] == str(N)
+    want: dict[str, dict[int, float]] = {}
+    for step, data in demo_run["calls"]:
+        for k, v in data.items():
+            want.setdefault(mlflow_key(k), {})[step] = float(v)
+    assert set(run.data.metrics) == set(want)
+    for key, points in want.items():
+        got = {m.step: m.value for m in client.get_metric_history(run.info.run_id, key)}
+        assert got == pytest.approx(points), key
+
+
+def test_traces_are_tagged_linked_and_sampled(demo_run):
+    exp, run = demo_run["exp"], demo_run["run"]
+    run_id_tag = run.data.tags["rl.run.id"]
+    mlflow.set_tracking_uri(demo_run["uri"])
+    try:
+        traces = mlflow.search_traces(locations=[exp.experiment_id], run_id=run.info.run_id, return_type="list",
+                                      max_results=1000)
+        step3 = mlflow.search_traces(locations=[exp.experiment_id], filter_string="tags.step = '3'",
+                                     return_type="list", max_results=1000)
+    finally:
+        mlflow.set_tracking_uri(None)
+    assert traces and len(step3) == MAX_SAMPLES * N
+    seen: dict[tuple[int, bool], dict[int, set]] = {}
+    for t in traces:
+        tags = t.info.tags
+        step, idx, r = int(tags["step"]), int(tags["sample_index"]), int(tags["rollout_n"])
+        validate = {"true": True, "false": False}[tags["validate"]]
+        seen.setdefault((step, validate), {}).setdefault(idx, set()).add(r)
+    for s in range(1, STEPS + 1):  # training: the chosen samples, each with all its rollouts
+        chosen = choose(run_id_tag, s, range(BATCH), MAX_SAMPLES)
+        assert seen[(s, False)] == {i: set(range(N)) for i in chosen}, s
+    for s in (0, 2, 4):  # validation: n=1
+        assert seen[(s, True)] == {i: {0} for i in choose(run_id_tag, s, range(VAL), MAX_SAMPLES)}
+    assert set(seen) == {(s, False) for s in range(1, STEPS + 1)} | {(s, True) for s in (0, 2, 4)}
+
+
+def test_trace_span_tree(demo_run):
+    exp, run = demo_run["exp"], demo_run["run"]
+    mlflow.set_tracking_uri(demo_run["uri"])
+    try:
+        traces = mlflow.search_traces(locations=[exp.experiment_id], run_id=run.info.run_id, return_type="list",
+                                      max_results=1000)
+    finally:
+        mlflow.set_tracking_uri(None)
+    kinds: dict[str, int] = {}
+    for t in traces:
+        spans = t.data.spans
+        root = next(s for s in spans if s.parent_id is None)
+        assert root.name == "agent_loop" and root.span_type == "AGENT"
+        assert root.attributes["rl.reward"] in (0.0, 1.0)
+        for s in spans:
+            kinds[s.span_type] = kinds.get(s.span_type, 0) + 1
+            if s.span_type == "LLM":
+                assert s.name == "chat tiny-transformer"
+                assert s.inputs["prompt_ids"] == s.outputs["prompt_ids"]
+                assert s.outputs["prompt_text"].startswith("<s>")  # token2text
+                assert s.attributes["gen_ai.usage.output_tokens"] == len(s.outputs["response_ids"])
+            elif s.span_type == "TOOL":
+                assert s.name == "execute_tool calculator"
+                assert s.attributes["gen_ai.tool.call.id"].startswith("call_")
+                a, op, b = s.inputs["expression"].partition("*") if "*" in s.inputs["expression"] \
+                    else s.inputs["expression"].partition("+")
+                assert s.outputs["result"] == (int(a) * int(b) if op == "*" else int(a) + int(b))
+            elif s.span_type == "EVALUATOR":
+                assert s.name == "compute_score" and s.outputs == root.attributes["rl.reward"]
+        assert sum(s.span_type == "EVALUATOR" for s in spans) == 1
+    assert kinds["AGENT"] == len(traces) and kinds["LLM"] >= len(traces)
+
+
+def test_validation_generations_table(demo_run):
+    client, exp, run = demo_run["client"], demo_run["exp"], demo_run["run"]
+    df = client.load_table(exp.experiment_id, "val_generations/step_4.json", run_ids=[run.info.run_id])
+    assert len(df) == 5  # trainer.log_val_generations
+    assert all(x.startswith("<s>") for x in df["input"])
+    assert Path(exp.artifact_location.removeprefix("file://")).is_relative_to(demo_run["out"])
+
+
+def test_summary(demo_run):
+    text, uri = demo_run["stdout"], demo_run["uri"]
+    assert f"mlflow ui --backend-store-uri {uri}" in text
+    assert "tags.step = '3'" in text
+    assert "validation reward (val-core/arith/reward/mean@1):" in text
+    assert str(demo_run["out"] / "otel_rl_demo" / "grpo_arith_seed3.jsonl") in text
+
+
+def test_telemetry_does_not_change_the_run(demo_run):
+    """The same seed with every exporter off gives the same training (only timings differ)."""
+    cfg = build_config([a for a in ARGS if "=" in a and not a.startswith("--")] +
+                       [f"trainer.total_training_steps={STEPS}", "trainer.logger=[]",
+                        "actor_rollout_ref.rollout.trace.backend=null"], seed=3)
+    got: dict[int, dict] = {}
+    with otel_rl.init(cfg) as h:
+        assert h.exporters == []
+        assert not h.tracing
+        GRPOTrainer(cfg, on_step=lambda s, m: got.setdefault(s, dict(m))).fit()
+    logged = {s: d for s, d in demo_run["calls"] if not any(k.startswith("timing_s/") for k in d)}
+    for s, data in logged.items():
+        same = {k: v for k, v in data.items() if not k.startswith("perf/")}
+        assert {k: got[s][k] for k in same} == same, s
+
+
+def test_prepare_config_and_environment(monkeypatch, tmp_path):
+    for var in DEMO_ENV:
+        monkeypatch.delenv(var, raising=False)
+    parser = __import__("argparse").ArgumentParser()
+    demo_cli.add_arguments(parser)
+    args = parser.parse_args(["--output-dir", str(tmp_path), "--seed", "7", "--wandb", "--swanlab",
+                              "--prometheus-port", "0", "--otlp-endpoint", "http://127.0.0.1:4318",
+                              "trainer.logger='[\"console\",\"file\"]'", "actor_rollout_ref.rollout.n=2"])
+    cfg, env, out = demo_cli.prepare(args)
+    assert cfg["trainer"]["logger"] == ["console", "file", "wandb", "swanlab", "otlp", "prometheus"]
+    assert cfg["trainer"]["experiment_name"] == "grpo_arith_seed7" and cfg["trainer"]["seed"] == 7
+    assert cfg["actor_rollout_ref"]["rollout"]["n"] == 2
+    assert cfg["otel_rl"] == {"otlp_endpoint": "http://127.0.0.1:4318", "prometheus_port": 0,
+                              "jsonl_path": str(tmp_path / "otel_rl_demo" / "grpo_arith_seed7.jsonl")}
+    assert env == {"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlruns.db",  # trace.backend=mlflow
+                   "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path),
+                   "SWANLAB_MODE": "offline", "SWANLAB_LOG_DIR": str(tmp_path / "swanlog")}
+    resolved = otel_rl.config.resolve(cfg)
+    assert resolved.max_samples == 4 and resolved.trace_backend == "mlflow" and resolved.token2text
+    # what the user set wins
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:////elsewhere.db")
+    monkeypatch.setenv("WANDB_API_KEY", "k")
+    monkeypatch.setenv("SWANLAB_MODE", "local")
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", "/x.jsonl")
+    cfg, env, _ = demo_cli.prepare(parser.parse_args(["--output-dir", str(tmp_path), "--wandb", "--swanlab"]))
+    assert env == {"WANDB_DIR": str(tmp_path), "SWANLAB_LOG_DIR": str(tmp_path / "swanlog")}
+    assert "otel_rl" not in cfg
+
+
+def test_progress_line_without_a_terminal():
+    stream = io.StringIO()
+    p = Progress(20, stream=stream, use_tqdm=False)  # the built-in line (tqdm may or may not be installed)
+    for s in range(21):
+        p.update(s, {"critic/score/mean": s / 20, "tool_call_counts/mean": 0.5,
+                     **({"val-core/arith/reward/mean@1": 0.25} if s % 10 == 0 else {})})
+    p.close()
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 10 and lines[-1].startswith("otel-rl demo [########################] 20/20")
+    assert "reward 1.000" in lines[-1] and "val 0.250" in lines[-1]

@@ -1,0 +1,222 @@
+"""Shared by the spool crash tests, and imported by their subprocesses (trainer, `otel-rl replay`) as
+``spool_helpers`` (``PYTHONPATH=tests/spool``): a non-idempotent sink exporter, a real `mlflow server`,
+process helpers, and a reader of what a spool directory holds."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import otel_rl
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+VENV_BIN = Path(sys.executable).parent
+OTEL_RL = VENV_BIN / "otel-rl"
+
+
+class AppendLogExporter(otel_rl.Exporter):
+    """Appends one JSON line per record to ``$SPOOL_TEST_SINK`` (O_APPEND: a batch delivered twice shows
+    up twice, unlike MLflow, which deduplicates equal metric points).  Fails (ConnectionError) while
+    ``$SPOOL_TEST_SINK.down`` exists.  Spooled (``spool = True``), rebuilt by ``otel-rl replay`` by class."""
+
+    spool = True
+    wants_trajectories = True
+
+    def __init__(self, config: Any = None):
+        self.name = "appendlog"
+        self.path = os.environ["SPOOL_TEST_SINK"]
+
+    def export_records(self, records: Any) -> None:
+        if os.path.exists(self.path + ".down"):
+            raise ConnectionError("sink down")
+        lines = "".join(json.dumps({"pid": os.getpid(), "kind": type(r).__name__, "run_id": r.run.run_id,
+                                    "step": getattr(r, "step", None), "trace_id": getattr(r, "trace_id", None)})
+                        + "\n" for r in records)
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, lines.encode())
+        finally:
+            os.close(fd)
+
+
+def read_sink(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line]
+
+
+def spool_contents(path: Path) -> list[Any]:
+    """The records still waiting in one exporter's spool directory (read-only; the owner must be gone)."""
+    from otel_rl.spool.codec import decode_batch
+    from otel_rl.spool.store import Spool, SpoolOptions
+
+    sp = Spool(SpoolOptions(path=str(path), exact=True))
+    if not sp.open(create=False):
+        return []
+    try:
+        out: list[Any] = []
+        for frame in sp.iter_pending():
+            out.extend(decode_batch(frame.payload)[1])
+        return out
+    finally:
+        sp.close(remove_if_empty=False)
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("OTEL_", "MLFLOW_", "WANDB_", "SWANLAB_", "VERL_"))
+           and k.lower() not in ("http_proxy", "https_proxy", "all_proxy")}
+    env.update({"MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true", "PYTHONUNBUFFERED": "1",
+                "NO_PROXY": "127.0.0.1,localhost", "PYTHONPATH": f"{HERE}{os.pathsep}{ROOT}"})
+    env.update(extra)
+    return env
+
+
+class LineProcess:
+    """A subprocess in its own process group whose stdout lines are collected (JSON events parsed)."""
+
+    def __init__(self, cmd: list[str], env: dict[str, str], cwd: Path, name: str):
+        self.log_path = cwd / f"{name}.stderr"
+        self._err = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=self._err,
+                                     start_new_session=True)
+        self.events: list[dict] = []
+        self.lines: list[str] = []
+        self._cond = threading.Condition()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            line = raw.decode("utf-8", "replace").rstrip("\n")
+            with self._cond:
+                self.lines.append(line)
+                if line.startswith("{"):
+                    try:
+                        self.events.append(json.loads(line))
+                    except ValueError:
+                        pass
+                self._cond.notify_all()
+        with self._cond:
+            self._cond.notify_all()
+
+    def wait_event(self, pred: Any, timeout_s: float = 180.0) -> dict:
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while True:
+                for e in self.events:
+                    if pred(e):
+                        return e
+                left = deadline - time.monotonic()
+                if left <= 0 or (self.proc.poll() is not None and not self._reader.is_alive()):
+                    raise AssertionError(f"event not seen; stderr:\n{self.stderr()[-4000:]}\nstdout:\n"
+                                         + "\n".join(self.lines[-30:]))
+                self._cond.wait(min(left, 0.5))
+
+    def stderr(self) -> str:
+        self._err.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.proc.wait(30)
+        self._reader.join(10)
+
+    def wait(self, timeout_s: float = 300.0) -> int:
+        try:
+            return self.proc.wait(timeout_s)
+        finally:
+            self._reader.join(10)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class MlflowServer:
+    """A real `mlflow server` (sqlite backend, served artifacts) that can be SIGKILLed and restarted
+    on the same port."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+        self.log = root / "server.log"
+
+    def start(self, timeout_s: float = 180.0) -> None:
+        env = clean_env()
+        cmd = [str(VENV_BIN / "mlflow"), "server", "--backend-store-uri", f"sqlite:///{self.root}/server.db",
+               "--artifacts-destination", str(self.root / "artifacts"), "--host", "127.0.0.1",
+               "--port", str(self.port), "--workers", "1"]
+        self.proc = subprocess.Popen(cmd, cwd=self.root, env=env, stdout=open(self.log, "ab"),
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"mlflow server exited: {self.log.read_text()[-2000:]}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.3)
+        self.kill()
+        raise RuntimeError(f"mlflow server did not answer /health: {self.log.read_text()[-2000:]}")
+
+    def kill(self) -> None:
+        """SIGKILL the server and its workers (its own process group)."""
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(30)
+        self.proc = None
+
+
+def run_replay(args: list[str], env: dict[str, str], cwd: Path, timeout_s: float = 300.0) -> tuple[int, str]:
+    proc = subprocess.run([str(OTEL_RL), "replay", *args], env=env, cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout_s)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def scan_spool_files(path: Path) -> list[Any]:
+    """Records in the segment files of a spool another live process owns (no lock, no ack: a snapshot
+    of everything written so far; a frame being written is not complete yet and is left out)."""
+    from otel_rl.spool.codec import decode_batch
+    from otel_rl.spool.store import FRAME_HEADER_BYTES, SEGMENT_HEADER_BYTES, _frame_at
+
+    out: list[Any] = []
+    for seg in sorted(path.glob("*.seg")):
+        try:
+            data = seg.read_bytes()
+        except FileNotFoundError:
+            continue
+        pos = SEGMENT_HEADER_BYTES
+        while pos < len(data):
+            n = _frame_at(data, pos, len(data))
+            if n < 0:
+                break
+            out.extend(decode_batch(data[pos + FRAME_HEADER_BYTES:pos + FRAME_HEADER_BYTES + n])[1])
+            pos += FRAME_HEADER_BYTES + n
+    return out
