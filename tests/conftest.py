@@ -17,12 +17,18 @@ def pytest_collectreport(report: pytest.CollectReport) -> None:
 
 @pytest.fixture(autouse=True)
 def _restore_mlflow_tracking_uri():
-    """A test that calls mlflow.set_tracking_uri() must not redirect the next test's data."""
+    """A test that calls mlflow.set_tracking_uri() must not redirect the next test's data
+    (MLflow keeps it in a module global and also writes it to os.environ)."""
     import sys
 
     utils = sys.modules.get("mlflow.tracking._tracking_service.utils")
     before = getattr(utils, "_tracking_uri", None) if utils is not None else None
+    env_before = os.environ.get("MLFLOW_TRACKING_URI")
     yield
     utils = sys.modules.get("mlflow.tracking._tracking_service.utils")
     if utils is not None and hasattr(utils, "_tracking_uri"):
         utils._tracking_uri = before
+    if env_before is None:
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+    else:
+        os.environ["MLFLOW_TRACKING_URI"] = env_before
