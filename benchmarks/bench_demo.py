@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/bench_demo.py                 # default demo config, 2 repeats per variant
     .venv/bin/python benchmarks/bench_demo.py --steps 60 --repeats 3
     .venv/bin/python benchmarks/bench_demo.py --json out.json
+    .venv/bin/python benchmarks/bench_demo.py --steps 40 --breakdown      # + each exporter alone
 
 Variants (same seed, same config otherwise; each run is its own `otel-rl demo` process with a
 fresh output directory):
@@ -37,18 +38,28 @@ ON = ['trainer.logger=["console","mlflow","file","wandb","swanlab"]',
       "actor_rollout_ref.rollout.trace.backend=mlflow",
       "actor_rollout_ref.rollout.trace.max_samples_per_step_per_worker=4"]
 OFF = ["trainer.logger=[]", "actor_rollout_ref.rollout.trace.backend=null"]
+#: --breakdown: one part of "on" at a time (one run each), against the "off" runs
+PARTS = {
+    "console+file": ["trainer.logger=[console,file]", "actor_rollout_ref.rollout.trace.backend=null"],
+    "mlflow metrics": ["trainer.logger=[mlflow]", "actor_rollout_ref.rollout.trace.backend=null"],
+    "wandb": ["trainer.logger=[wandb]", "actor_rollout_ref.rollout.trace.backend=null"],
+    "swanlab": ["trainer.logger=[swanlab]", "actor_rollout_ref.rollout.trace.backend=null"],
+    "traces -> memory": ["trainer.logger=[]", "actor_rollout_ref.rollout.trace.backend=memory"],
+    "traces -> mlflow": ["trainer.logger=[]", "actor_rollout_ref.rollout.trace.backend=mlflow"],
+}
 CLEAN_ENV = ("MLFLOW_TRACKING_URI", "WANDB_DIR", "SWANLAB_LOG_DIR", "OTEL_RL_JSONL_PATH", "VERL_FILE_LOGGER_PATH",
              "VERL_FILE_LOGGER_ROOT", "OTEL_RL_EXPORTERS", "OTEL_SDK_DISABLED")
 
 
 def run_once(variant: str, seed: int, steps: int | None, extra: list[str], workdir: Path, k: int) -> dict:
-    out = workdir / f"{variant}-{k}"
-    report = workdir / f"{variant}-{k}.json"
+    slug = "".join(c if c.isalnum() else "_" for c in variant)
+    out = workdir / f"{slug}-{k}"
+    report = workdir / f"{slug}-{k}.json"
     cmd = [sys.executable, "-m", "otel_rl.cli", "demo", "--no-progress", "--seed", str(seed),
            "--output-dir", str(out), "--report-json", str(report)]
     if steps is not None:
         cmd += ["--steps", str(steps)]
-    cmd += (ON if variant == "on" else OFF) + extra
+    cmd += (ON if variant == "on" else OFF if variant == "off" else PARTS[variant]) + extra
     env = {k: v for k, v in os.environ.items() if k not in CLEAN_ENV}
     env.update(WANDB_MODE="offline", SWANLAB_MODE="offline", WANDB_SILENT="true")
     t0 = time.perf_counter()
@@ -74,6 +85,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None, help="also write every number here")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="also run each part of 'on' alone (console+file, mlflow metrics, wandb, swanlab, "
+                         "traces to the in-memory test exporter, traces to mlflow), one run each")
     ap.add_argument("overrides", nargs="*", help="more dotlist overrides for both variants")
     args = ap.parse_args()
     results: dict[str, list[dict]] = {"on": [], "off": []}
@@ -83,8 +97,15 @@ def main() -> None:
             for variant in order:
                 r = run_once(variant, args.seed, args.steps, args.overrides, Path(tmp), k)
                 results[variant].append(r)
-                print(f"  run {k + 1}/{args.repeats} {variant:>3}: train {r['train_s']:.2f} s, setup {r['setup_s']:.2f} s, "
-                      f"flush {r['flush_s']:.2f} s, wall {r['wall_s']:.2f} s", flush=True)
+                print(f"  run {k + 1}/{args.repeats} {variant:>3}: train {r['train_s']:.2f} s, "
+                      f"setup {r['setup_s']:.2f} s, flush {r['flush_s']:.2f} s, wall {r['wall_s']:.2f} s", flush=True)
+        parts = {}
+        if args.breakdown:
+            for name in PARTS:
+                r = run_once(name, args.seed, args.steps, args.overrides, Path(tmp), 0)
+                parts[name] = r
+                print(f"  part {name}: train {r['train_s']:.2f} s, setup {r['setup_s']:.2f} s, "
+                      f"wall {r['wall_s']:.2f} s", flush=True)
     on, off = results["on"], results["off"]
     steps = on[0]["steps"]
     print()
@@ -109,12 +130,18 @@ def main() -> None:
     slower = (table["train_s"]["ratio"] - 1) * 100
     print(f"training loop with telemetry on: {slower:+.1f}% (min vs min; goal <= +2%), "
           f"paired median {(table['train_s']['paired'] - 1) * 100:+.1f}%")
-    same = all(_same_training(x, off[0]) for x in on + off)
+    if parts:
+        base = statistics.median(r["train_s"] for r in off)
+        print(f"breakdown (one run each; training loop vs the median 'off' run, {base:.2f} s):")
+        for name, r in parts.items():
+            print(f"  {name:<20}{r['train_s']:>8.2f} s{(r['train_s'] / base - 1) * 100:>+9.1f}%")
+    same = all(_same_training(x, off[0]) for x in on + off + list(parts.values()))
     print(f"same training in every run (validation rewards, last-step metrics): {'yes' if same else 'NO'}")
     print(f"validation reward: {on[0]['val_history'][0][1]:.3f} at step {on[0]['val_history'][0][0]} -> "
           f"{on[0]['val_history'][-1][1]:.3f} at step {on[0]['val_history'][-1][0]}")
     if args.json:
         Path(args.json).write_text(json.dumps({"steps": steps, "seed": args.seed, "table": table,
+                                               "parts": {k: v["train_s"] for k, v in parts.items()},
                                                "same_training": same}, indent=1))
 
 

@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -97,20 +97,18 @@ class AgentLoopOutput:
     answer_text: str
     problem: Problem
     sample_index: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class AgentLoop:
     """One agentic trajectory: answer directly, or call the calculator and answer with its result."""
 
     def __init__(self, server: RolloutServer, tokenizer: ArithTokenizer, max_assistant_turns: int = 2,
-                 max_response_length: int = 16, format_score: float = 0.0, result_width: int = 0):
+                 max_response_length: int = 16, format_score: float = 0.0):
         self.server = server
         self.tokenizer = tokenizer  # also what otel-rl's token2text uses for this object's ops
         self.max_assistant_turns = max_assistant_turns
         self.max_response_length = max_response_length
         self.format_score = format_score
-        self.result_width = result_width  # the tool response's digits, zero-padded (fixed-width output)
 
     @otel_rl.generate(model="tiny-transformer")
     async def generate(self, prompt_ids: list[int], sampling_params: dict[str, Any]) -> dict[str, Any]:
@@ -154,7 +152,8 @@ class AgentLoop:
                 tool_calls += 1
                 call_id = f"call_{step}_{int(validate)}_{sample_index}_{rollout_n}_{tool_calls}"
                 result = await self.calculator(expression=problem.expression, tool_call_id=call_id)
-                observation = [RESULT, *number_ids(result["result"], self.result_width), EOS][: max(0, self.max_response_length - len(response))]
+                room = max(0, self.max_response_length - len(response))
+                observation = [RESULT, *number_ids(result["result"]), EOS][:room]
                 response += observation
                 mask += [0] * len(observation)
                 context += observation

@@ -23,7 +23,8 @@ from .config import DEFAULT_OUTPUT_DIR, build_config, get
 
 #: a few seconds: what the tests and a first look use
 QUICK = ["trainer.total_training_steps=6", "trainer.test_freq=3", "data.train_batch_size=8",
-         "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4", "data.val_batch_size=16"]
+         "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4", "data.val_batch_size=16",
+         "actor_rollout_ref.model.pretrain.steps=50"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -88,8 +89,12 @@ def prepare(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, str], s
     env: dict[str, str] = {}
     environ = os.environ
     if ({"file", "jsonl"} & used and not ours.get("jsonl_path")
-            and not any(environ.get(v) for v in ("OTEL_RL_JSONL_PATH", "VERL_FILE_LOGGER_PATH", "VERL_FILE_LOGGER_ROOT"))):
+            and not any(environ.get(v) for v in ("OTEL_RL_JSONL_PATH", "VERL_FILE_LOGGER_PATH",
+                                                 "VERL_FILE_LOGGER_ROOT"))):
         ours["jsonl_path"] = os.path.join(out, trainer["project_name"], f"{trainer['experiment_name']}.jsonl")
+    if (used & {"mlflow", "wandb", "tracking", "swanlab", "weave"} and "spool_dir" not in ours
+            and not environ.get("OTEL_RL_SPOOL_DIR") and "spool_dir" in _config_fields()):
+        ours["spool_dir"] = os.path.join(out, "spool")  # where undelivered tracker data would wait
     if "mlflow" in used and not environ.get("MLFLOW_TRACKING_URI"):
         env["MLFLOW_TRACKING_URI"] = "sqlite:///" + os.path.join(out, "mlruns.db")
     if used & {"wandb", "tracking"}:
@@ -105,6 +110,14 @@ def prepare(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, str], s
     if not ours:
         del cfg["otel_rl"]
     return cfg, env, out
+
+
+def _config_fields() -> set[str]:
+    import dataclasses
+
+    from otel_rl.config import Config
+
+    return {f.name for f in dataclasses.fields(Config)}
 
 
 @contextlib.contextmanager
@@ -157,6 +170,9 @@ def run(args: argparse.Namespace) -> int:
         except (otel_rl.ConfigError, otel_rl.UnknownExporterError) as exc:
             print(f"otel-rl demo: {exc}", file=sys.stderr)
             return 2
+        for e in handle.exporters:
+            if e.name == "prometheus":
+                print(f"otel-rl demo: Prometheus metrics at {_prometheus_url(e, cfg)}", file=sys.stderr, flush=True)
         progress = Progress(int(get(cfg, "trainer.total_training_steps", 0)), enabled=not args.no_progress)
         trainer = GRPOTrainer(cfg, on_step=progress.update)
         t1 = time.perf_counter()
@@ -185,6 +201,12 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _prometheus_url(exporter: Any, cfg: dict[str, Any]) -> str:
+    url = getattr(exporter, "url", None)
+    url = url() if callable(url) else url
+    return str(url or f"port {get(cfg, 'otel_rl.prometheus_port', 9464)}")
+
+
 def format_summary(cfg: dict[str, Any], handle: Any, trainer: Any, out: str, timings: dict[str, float]) -> str:
     tr = cfg["trainer"]
     steps, t_train = trainer.total_steps, timings["train_s"]
@@ -197,7 +219,8 @@ def format_summary(cfg: dict[str, Any], handle: Any, trainer: Any, out: str, tim
     hist = trainer.val_history
     if hist:
         (s0, r0), (s1, r1) = hist[0], hist[-1]
-        lines.append(f"validation reward (val-core/arith/reward/mean@1): {r0:.3f} at step {s0} -> {r1:.3f} at step {s1}")
+        lines.append(f"validation reward (val-core/arith/reward/mean@1): {r0:.3f} at step {s0} -> "
+                     f"{r1:.3f} at step {s1}")
     last = trainer.last_metrics
     if "tool_call_counts/mean" in last:
         lines.append(f"last step: reward {last.get('critic/score/mean', float('nan')):.3f}, "
@@ -209,13 +232,15 @@ def format_summary(cfg: dict[str, Any], handle: Any, trainer: Any, out: str, tim
         if e.name in ("file", "jsonl") and getattr(e, "path", None):
             lines.append(f"  metrics (JSONL, one line per log call): {os.path.abspath(e.path)}")
         elif e.name == "mlflow":
-            uri = os.environ.get("MLFLOW_TRACKING_URI") or getattr(e, "tracking_uri", None) or "sqlite:////tmp/mlruns.db"
+            uri = (os.environ.get("MLFLOW_TRACKING_URI") or getattr(e, "tracking_uri", None)
+                   or "sqlite:////tmp/mlruns.db")
             lines.append(f"  MLflow: {uri}  experiment '{tr['project_name']}', run '{tr['experiment_name']}'")
             if uri.startswith("sqlite:"):
                 lines.append(f"    mlflow ui --backend-store-uri {uri}")
-            lines.append("    traces: Traces tab, search  tags.step = '3'  (also tags.validate = 'true', "
+            lines.append("    traces: Traces tab, search  tags.step = '3'  (also tags.validate = 'True', "
                          "tags.sample_index = '0')")
-            lines.append(f"    python: mlflow.search_traces(locations=[experiment_id], filter_string=\"tags.step = '3'\")")
+            lines.append("    python: mlflow.search_traces(locations=[experiment_id], "
+                         "filter_string=\"tags.step = '3'\")")
         elif e.name in ("wandb", "tracking"):
             mode = os.environ.get("WANDB_MODE", "online")
             where = os.path.join(os.environ.get("WANDB_DIR", "."), "wandb")
@@ -230,6 +255,6 @@ def format_summary(cfg: dict[str, Any], handle: Any, trainer: Any, out: str, tim
             ep = get(cfg, "otel_rl.otlp_endpoint") or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "default endpoint")
             lines.append(f"  OTLP: spans and metrics sent to {ep}")
         elif e.name == "prometheus":
-            lines.append(f"  Prometheus: metrics were served on port {get(cfg, 'otel_rl.prometheus_port', 9464)} "
-                         "during the run (the endpoint closes with the run)")
+            lines.append(f"  Prometheus: metrics were served at {_prometheus_url(e, cfg)} during the run "
+                         "(the endpoint closes with the run)")
     return "\n".join(lines)

@@ -21,7 +21,12 @@ DEFAULT_CONFIG: dict[str, Any] = {
         "ops": ["+", "*"],
     },
     "actor_rollout_ref": {
-        "model": {"d_model": 64, "n_layers": 2, "n_heads": 4, "d_ff": 256},
+        "model": {
+            "d_model": 64, "n_layers": 2, "n_heads": 4, "d_ff": 256,
+            # the base policy: supervised steps on random-number transcripts (formats only, see task.py)
+            "pretrain": {"steps": 150, "batch_size": 64, "lr": 3e-3, "transcript_fraction": 0.1,
+                         "tool_fraction": 0.02},
+        },
         "actor": {
             "optim": {"lr": 2e-3, "weight_decay": 0.0, "lr_warmup_steps": 0},
             "ppo_mini_batch_size": 8,  # prompts per mini-batch (x rollout.n trajectories)
@@ -30,7 +35,7 @@ DEFAULT_CONFIG: dict[str, Any] = {
             "clip_ratio_c": 3.0,  # dual-clip bound for negative advantages
             "grad_clip": 1.0,
             "loss_agg_mode": "token-mean",
-            "entropy_coeff": 0.03,
+            "entropy_coeff": 0.01,
             "use_kl_loss": True,
             "kl_loss_coef": 0.001,
             "kl_loss_type": "low_var_kl",  # k3
@@ -49,8 +54,8 @@ DEFAULT_CONFIG: dict[str, Any] = {
         "project_name": "otel_rl_demo",
         "experiment_name": None,  # grpo_arith_seed<seed>
         "logger": ["console", "mlflow", "file"],
-        "total_training_steps": 150,
-        "test_freq": 25,  # validate every N steps (and before training, and at the end)
+        "total_training_steps": 100,
+        "test_freq": 10,  # validate every N steps (and before training, and at the end)
         "val_before_train": True,
         "log_val_generations": 10,
         "seed": 0,

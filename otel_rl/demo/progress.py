@@ -1,8 +1,9 @@
-"""A progress line with the live reward: tqdm when it is installed, else a line of our own.
+"""A progress line with the live reward.
 
-On a terminal the line is redrawn in place on stderr (carriage return) and whatever is
-printed on stdout meanwhile (the console exporter's metric lines) is written above it.
-When stderr is not a terminal, a plain line is printed every tenth of the run.
+On a terminal: tqdm when it is installed, else a line of our own redrawn in place on stderr
+(carriage return); whatever is printed on stdout meanwhile (the console exporter's metric
+lines) is written above it.  When stderr is not a terminal, a plain line is printed every
+tenth of the run.
 """
 
 from __future__ import annotations
@@ -25,22 +26,31 @@ def _fmt(metrics: dict[str, float], last_val: float | None) -> str:
 
 
 class _StdoutAboveBar:
-    """sys.stdout while the bar is shown: clears the bar, writes the text, redraws the bar."""
+    """sys.stdout while the bar is shown: whole lines are written above the bar (clear, write, redraw)."""
 
     def __init__(self, real: TextIO, bar: Progress):
         self._real = real
         self._bar = bar
+        self._buf = ""
 
     def write(self, text: str) -> int:
         with self._bar.lock:
-            self._bar._clear()
-            n = self._real.write(text)
-            self._real.flush()
-            if text.endswith("\n"):
+            self._buf += text
+            if "\n" in self._buf:
+                lines, _, self._buf = self._buf.rpartition("\n")
+                self._bar._clear()
+                self._real.write(lines + "\n")
+                self._real.flush()
                 self._bar._draw()
-            return n
+        return len(text)
 
     def flush(self) -> None:
+        self._real.flush()
+
+    def close_bar(self) -> None:
+        if self._buf:
+            self._real.write(self._buf)
+            self._buf = ""
         self._real.flush()
 
     def __getattr__(self, name: str) -> Any:
@@ -57,6 +67,7 @@ class Progress:
         self.lock = threading.RLock()
         self.last_val: float | None = None
         self._text = ""
+        self._shown = False  # the bar is on the screen (and the cursor at its end)
         self._t0 = time.perf_counter()
         self._tqdm: Any = None
         self._saved_stdout: Any = None
@@ -68,18 +79,13 @@ class Progress:
             from tqdm.auto import tqdm
         except ImportError:
             tqdm = None
-        if not use_tqdm:
+        if not use_tqdm or not self._tty:  # in a log file, a line every tenth of the run reads better
             tqdm = None
         if tqdm is not None:
             self._tqdm = tqdm(total=total, desc="otel-rl demo", unit="step", file=self.stream, dynamic_ncols=True)
         if self._tty and getattr(sys.stdout, "isatty", lambda: False)():
             self._saved_stdout = sys.stdout
-            if self._tqdm is not None:
-                from tqdm.contrib import DummyTqdmFile  # prints through tqdm.write: above the bar
-
-                sys.stdout = DummyTqdmFile(sys.stdout)
-            else:
-                sys.stdout = _StdoutAboveBar(sys.stdout, self)
+            sys.stdout = _StdoutAboveBar(sys.stdout, self)
 
     def update(self, step: int, metrics: dict[str, float]) -> None:
         if "val-core/arith/reward/mean@1" in metrics:
@@ -107,24 +113,33 @@ class Progress:
                 self.stream.flush()
 
     def _clear(self) -> None:
-        if self._tty and self._text and self._tqdm is None:
+        if self._tqdm is not None:
+            self._tqdm.clear()
+        elif self._shown:
             self.stream.write("\r\x1b[K")
             self.stream.flush()
+            self._shown = False
 
     def _draw(self) -> None:
-        if self._tty and self._text and self._tqdm is None:
+        if self._tqdm is not None:
+            self._tqdm.refresh()
+        elif self._tty and self._text and not self._shown:
             self.stream.write(self._text)
             self.stream.flush()
+            self._shown = True
 
     def close(self) -> None:
         with self.lock:
             if self._saved_stdout is not None:
+                if isinstance(sys.stdout, _StdoutAboveBar):
+                    sys.stdout.close_bar()
                 sys.stdout = self._saved_stdout
                 self._saved_stdout = None
             if self._tqdm is not None:
                 self._tqdm.close()
                 self._tqdm = None
-            elif self._tty and self._text:
+            elif self._shown:
                 self.stream.write("\n")
                 self.stream.flush()
+                self._shown = False
             self._text = ""

@@ -4,9 +4,9 @@ A prompt is ``<s>7*8=``.  The policy answers in assistant turns made of tokens f
 `ACTION_IDS` (digits, ``</s>``, ``<tool_call>``):
 
 - ``5 6 </s>``: a direct answer, the trajectory ends;
-- ``<tool_call>``: the turn ends with a call of the calculator on the question's
+- ``... <tool_call>``: the turn ends with a call of the calculator on the question's
   expression; the environment appends the tool's answer as an observation
-  ``<tool_response> 5 6 =`` and the policy takes another turn.
+  ``<tool_response> 5 6 </s>`` and the policy takes another turn.
 
 The reward (`compute_score`) is 1 for the right number followed by ``</s>``, a small
 format score for a wrong but well-formed number, 0 otherwise.
@@ -55,9 +55,8 @@ class ArithTokenizer:
         return [self.decode(s, skip_special_tokens) for s in seqs]
 
 
-def number_ids(n: int, width: int = 0) -> list[int]:
-    """Tokens of an integer, zero-padded to `width` digits."""
-    digits = [DIGIT0 + int(c) for c in str(abs(n)).zfill(width)]
+def number_ids(n: int) -> list[int]:
+    digits = [DIGIT0 + int(c) for c in str(abs(n))]
     return digits if n >= 0 else [MINUS] + digits
 
 
@@ -137,3 +136,24 @@ def score(response_ids: Sequence[int], ground_truth: int, format_score: float) -
     if value is None:
         return 0.0
     return 1.0 if value == ground_truth else format_score
+
+
+def pretraining_sequence(rng: random.Random, problem: Problem, max_result: int, transcript_fraction: float,
+                         tool_fraction: float) -> tuple[list[int], list[int]]:
+    """One sequence of the synthetic "pretraining" corpus and its loss mask (1: a token learnt).
+
+    The numbers in it are random, never the right answer.  A share `transcript_fraction` of
+    the sequences are tool transcripts (``<tool_call> <tool_response> N </s> N </s>``): the base
+    policy learns to read a tool response; the ``<tool_call>`` token itself is learnt in only
+    enough of them that the policy calls the tool about `tool_fraction` of the time.  The
+    others are direct answers ``N </s>``.  Nothing about arithmetic is in it.
+    """
+    prompt = problem.prompt_ids()
+    value = rng.randint(0, max_result)
+    if rng.random() < transcript_fraction:
+        obs = [RESULT, *number_ids(value), EOS]
+        answer = [*number_ids(value), EOS]
+        call = 1 if rng.random() < tool_fraction / transcript_fraction else 0
+        return prompt + [CALL] + obs + answer, [0] * len(prompt) + [call] + [0] * len(obs) + [1] * len(answer)
+    answer = [*number_ids(value), EOS]
+    return prompt + answer, [0] * len(prompt) + [1] * len(answer)

@@ -20,7 +20,6 @@ import asyncio
 import copy
 import math
 import random
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -31,7 +30,7 @@ import otel_rl
 from .agent_loop import AgentLoop, AgentLoopOutput, RolloutServer
 from .config import get
 from .model import TinyPolicy, pad_batch, token_log_probs
-from .task import ArithTokenizer, Dataset, Problem, all_problems
+from .task import ArithTokenizer, Dataset, Problem, all_problems, pretraining_sequence
 
 VAL_SET_SEED = 1234  # the validation problems are the same for every seed
 
@@ -64,11 +63,11 @@ class GRPOTrainer:
         max_len = int(get(cfg, "data.max_prompt_length", 8)) + int(get(cfg, "data.max_response_length", 16))
         self.actor = TinyPolicy(int(m.get("d_model", 64)), int(m.get("n_layers", 2)), int(m.get("n_heads", 4)),
                                 int(m.get("d_ff", 256)), max_len=max_len)
-        self.ref = copy.deepcopy(self.actor).eval().requires_grad_(False)
+        self.ref: TinyPolicy | None = None  # the reference policy: a frozen copy of the pretrained one
         a = get(cfg, "actor_rollout_ref.actor", {})
         self.a = a
         optim = a.get("optim", {})
-        self.optimizer = torch.optim.AdamW(self.actor.parameters(), lr=float(optim.get("lr", 3e-3)),
+        self.optimizer = torch.optim.AdamW(self.actor.parameters(), lr=float(optim.get("lr", 2e-3)),
                                            weight_decay=float(optim.get("weight_decay", 0.0)))
         warmup = int(optim.get("lr_warmup_steps", 0) or 0)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -82,12 +81,12 @@ class GRPOTrainer:
         self.max_tokens_per_turn = int(mt.get("max_tokens_per_turn", 4))
         self.max_response_length = int(get(cfg, "data.max_response_length", 16))
         self.agent = AgentLoop(self.server, self.tokenizer, int(mt.get("max_assistant_turns", 2)),
-                               self.max_response_length, float(get(cfg, "reward_model.format_score", 0.0)),
-                               int(get(cfg, "actor_rollout_ref.rollout.multi_turn.tool_result_width", 0) or 0))
+                               self.max_response_length, float(get(cfg, "reward_model.format_score", 0.0)))
         self.n = int(get(cfg, "actor_rollout_ref.rollout.n", 8))
-        self.batch_size = int(get(cfg, "data.train_batch_size", 16))
-        self.total_steps = int(get(cfg, "trainer.total_training_steps", 150))
-        self.test_freq = int(get(cfg, "trainer.test_freq", 25) or 0)
+        self.batch_size = int(get(cfg, "data.train_batch_size", 32))
+        self.total_steps = int(get(cfg, "trainer.total_training_steps", 100))
+        self.problems = problems
+        self.test_freq = int(get(cfg, "trainer.test_freq", 10) or 0)
         self.shuffle = torch.Generator().manual_seed(self.seed + 1)
         self.loop = asyncio.new_event_loop()
         self.val_history: list[tuple[int, float]] = []
@@ -122,14 +121,17 @@ class GRPOTrainer:
     # -- the step ------------------------------------------------------------------------
     def fit(self) -> list[tuple[int, float]]:
         try:
-            if get(self.cfg, "trainer.val_before_train", True):
-                with otel_rl.step(0):
-                    self.step_blocks += 1
+            with otel_rl.step(0):  # the base policy, and validation before training
+                self.step_blocks += 1
+                metrics: dict[str, float] = {}
+                with otel_rl.timer("pretrain"):
+                    metrics.update(self.pretrain())
+                if get(self.cfg, "trainer.val_before_train", True):
                     with otel_rl.timer("testing"):
-                        val = self.validate(0)
-                    self._log(val, 0)
-                if self.on_step:
-                    self.on_step(0, val)
+                        metrics.update(self.validate(0))
+                self._log(metrics, 0)
+            if self.on_step:
+                self.on_step(0, metrics)
             for step in range(1, self.total_steps + 1):
                 with otel_rl.step(step):
                     self.step_blocks += 1
@@ -141,6 +143,37 @@ class GRPOTrainer:
         finally:
             self.loop.close()
         return self.val_history
+
+    def pretrain(self) -> dict[str, float]:
+        """The base policy: a few supervised steps on a synthetic corpus (`task.pretraining_sequence`).
+
+        Random numbers only: it learns the answer and tool-call formats, and calls the calculator
+        now and then; what is right is left to GRPO.  Then the reference policy is frozen.
+        """
+        p = get(self.cfg, "actor_rollout_ref.model.pretrain", {}) or {}
+        steps, size = int(p.get("steps", 0) or 0), int(p.get("batch_size", 64))
+        rng = random.Random(self.seed + 2)
+        max_result = max(pr.answer for pr in self.problems)
+        transcripts, tool = float(p.get("transcript_fraction", 0.1)), float(p.get("tool_fraction", 0.02))
+        optim = torch.optim.AdamW(self.actor.parameters(), lr=float(p.get("lr", 3e-3)))
+        loss_value = float("nan")
+        self.actor.train()
+        for _ in range(steps):
+            pairs = [pretraining_sequence(rng, rng.choice(self.problems), max_result, transcripts, tool)
+                     for _ in range(size)]
+            ids, _ = pad_batch([seq for seq, _ in pairs])
+            mask = torch.zeros(ids.shape[0], ids.shape[1] - 1)
+            for i, (_, m) in enumerate(pairs):
+                mask[i, : len(m) - 1] = torch.tensor(m[1:], dtype=torch.float)
+            logp, _ = token_log_probs(self.actor, ids)
+            loss = -_masked_mean(logp, mask)
+            optim.zero_grad(set_to_none=True)
+            loss.backward()
+            optim.step()
+            loss_value = float(loss.detach())
+        self.actor.eval()
+        self.ref = copy.deepcopy(self.actor).eval().requires_grad_(False)
+        return {"pretrain/loss": loss_value, "pretrain/steps": steps} if steps else {}
 
     def train_step(self, step: int) -> dict[str, float]:
         metrics: dict[str, float] = {}
@@ -217,7 +250,7 @@ class GRPOTrainer:
         a = self.a
         clip = float(a.get("clip_ratio", 0.2))
         clip_c = float(a.get("clip_ratio_c", 3.0))
-        ent_coef = float(a.get("entropy_coeff", 0.0))
+        ent_coef = float(a.get("entropy_coeff", 0.01))
         kl_coef = float(a.get("kl_loss_coef", 0.001)) if a.get("use_kl_loss", True) else 0.0
         grad_clip = float(a.get("grad_clip", 1.0))
         mb = max(1, int(a.get("ppo_mini_batch_size", 8))) * self.n

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import io
 import json
-import math
 import os
 from pathlib import Path
 
@@ -33,6 +32,7 @@ STEPS, BATCH, N, MAX_SAMPLES, VAL = 4, 6, 3, 2, 8
 ARGS = ["--no-progress", "--seed", "3", f"--steps={STEPS}", "trainer.test_freq=2", f"data.train_batch_size={BATCH}",
         f"actor_rollout_ref.rollout.n={N}", "actor_rollout_ref.actor.ppo_mini_batch_size=3",
         f"data.val_batch_size={VAL}", "trainer.log_val_generations=5",
+        "actor_rollout_ref.model.pretrain.steps=20",
         f"actor_rollout_ref.rollout.trace.max_samples_per_step_per_worker={MAX_SAMPLES}"]
 TRAIN_KEYS = {
     "critic/score/mean", "critic/score/max", "critic/score/min", "critic/rewards/mean", "critic/advantages/mean",
@@ -42,9 +42,9 @@ TRAIN_KEYS = {
 }
 TIMING_KEYS = {f"timing_s/{k}" for k in ("gen", "reward", "old_log_prob", "ref", "adv", "update_actor", "step")}
 VAL_KEYS = {"val-core/arith/reward/mean@1", "val-aux/arith/acc/mean@1", "val-aux/arith/tool_call_counts/mean@1"}
-DEMO_ENV = ("MLFLOW_TRACKING_URI", "OTEL_RL_JSONL_PATH", "VERL_FILE_LOGGER_PATH", "VERL_FILE_LOGGER_ROOT",
-            "WANDB_MODE", "WANDB_API_KEY", "WANDB_DIR", "SWANLAB_MODE", "SWANLAB_API_KEY", "SWANLAB_LOG_DIR",
-            "OTEL_RL_EXPORTERS", "OTEL_RL_MAX_SAMPLES", "OTEL_RL_TRACE_BACKEND", "OTEL_SDK_DISABLED")
+DEMO_ENV = ("MLFLOW_TRACKING_URI", "OTEL_RL_SPOOL_DIR", "OTEL_RL_JSONL_PATH", "VERL_FILE_LOGGER_PATH",
+            "VERL_FILE_LOGGER_ROOT", "WANDB_MODE", "WANDB_API_KEY", "WANDB_DIR", "SWANLAB_MODE", "SWANLAB_API_KEY",
+            "SWANLAB_LOG_DIR", "OTEL_RL_EXPORTERS", "OTEL_RL_MAX_SAMPLES", "OTEL_RL_TRACE_BACKEND", "OTEL_SDK_DISABLED")
 
 
 def mlflow_key(key: str) -> str:
@@ -87,7 +87,7 @@ def test_every_step_has_verl_metrics_and_timers(demo_run):
     for step, data in demo_run["calls"]:
         by_step.setdefault(step, set()).update(data)
     assert sorted(by_step) == list(range(STEPS + 1))
-    assert VAL_KEYS | {"timing_s/testing"} <= by_step[0]
+    assert VAL_KEYS | {"timing_s/testing", "timing_s/pretrain", "pretrain/loss"} <= by_step[0]
     for s in range(1, STEPS + 1):
         assert TRAIN_KEYS | TIMING_KEYS <= by_step[s], s
     for s in (2, 4):  # test_freq=2, and the last step
@@ -134,7 +134,7 @@ def test_traces_are_tagged_linked_and_sampled(demo_run):
     for t in traces:
         tags = t.info.tags
         step, idx, r = int(tags["step"]), int(tags["sample_index"]), int(tags["rollout_n"])
-        validate = {"true": True, "false": False}[tags["validate"]]
+        validate = {"True": True, "False": False}[tags["validate"]]
         seen.setdefault((step, validate), {}).setdefault(idx, set()).add(r)
     for s in range(1, STEPS + 1):  # training: the chosen samples, each with all its rollouts
         chosen = choose(run_id_tag, s, range(BATCH), MAX_SAMPLES)
@@ -179,7 +179,11 @@ def test_trace_span_tree(demo_run):
 
 def test_validation_generations_table(demo_run):
     client, exp, run = demo_run["client"], demo_run["exp"], demo_run["run"]
-    df = client.load_table(exp.experiment_id, "val_generations/step_4.json", run_ids=[run.info.run_id])
+    mlflow.set_tracking_uri(demo_run["uri"])  # load_table searches runs with the fluent API
+    try:
+        df = client.load_table(exp.experiment_id, "val_generations/step_4.json", run_ids=[run.info.run_id])
+    finally:
+        mlflow.set_tracking_uri(None)
     assert len(df) == 5  # trainer.log_val_generations
     assert all(x.startswith("<s>") for x in df["input"])
     assert Path(exp.artifact_location.removeprefix("file://")).is_relative_to(demo_run["out"])
@@ -222,7 +226,8 @@ def test_prepare_config_and_environment(monkeypatch, tmp_path):
     assert cfg["trainer"]["experiment_name"] == "grpo_arith_seed7" and cfg["trainer"]["seed"] == 7
     assert cfg["actor_rollout_ref"]["rollout"]["n"] == 2
     assert cfg["otel_rl"] == {"otlp_endpoint": "http://127.0.0.1:4318", "prometheus_port": 0,
-                              "jsonl_path": str(tmp_path / "otel_rl_demo" / "grpo_arith_seed7.jsonl")}
+                              "jsonl_path": str(tmp_path / "otel_rl_demo" / "grpo_arith_seed7.jsonl"),
+                              "spool_dir": str(tmp_path / "spool")}
     assert env == {"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlruns.db",  # trace.backend=mlflow
                    "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path),
                    "SWANLAB_MODE": "offline", "SWANLAB_LOG_DIR": str(tmp_path / "swanlog")}
@@ -233,6 +238,7 @@ def test_prepare_config_and_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("WANDB_API_KEY", "k")
     monkeypatch.setenv("SWANLAB_MODE", "local")
     monkeypatch.setenv("VERL_FILE_LOGGER_PATH", "/x.jsonl")
+    monkeypatch.setenv("OTEL_RL_SPOOL_DIR", "/spool")
     cfg, env, _ = demo_cli.prepare(parser.parse_args(["--output-dir", str(tmp_path), "--wandb", "--swanlab"]))
     assert env == {"WANDB_DIR": str(tmp_path), "SWANLAB_LOG_DIR": str(tmp_path / "swanlog")}
     assert "otel_rl" not in cfg
@@ -248,3 +254,67 @@ def test_progress_line_without_a_terminal():
     lines = stream.getvalue().splitlines()
     assert len(lines) == 10 and lines[-1].startswith("otel-rl demo [########################] 20/20")
     assert "reward 1.000" in lines[-1] and "val 0.250" in lines[-1]
+
+
+@pytest.mark.slow
+def test_policy_learns_to_use_the_calculator():
+    """A slightly longer run (no telemetry): validation reward and tool use go up."""
+    cfg = build_config(["trainer.total_training_steps=40", "trainer.test_freq=20", "trainer.logger=[]",
+                        "actor_rollout_ref.rollout.trace.backend=null"], seed=0)
+    steps: dict[int, dict] = {}
+    with otel_rl.init(cfg):
+        trainer = GRPOTrainer(cfg, on_step=lambda s, m: steps.setdefault(s, m))
+        history = trainer.fit()
+    (s0, start), (s1, end) = history[0], history[-1]
+    assert (s0, s1) == (0, 40)
+    assert start <= 0.1 and end >= start + 0.5, history
+    assert steps[40]["tool_call_counts/mean"] > 0.8 > steps[1]["tool_call_counts/mean"]
+
+
+@pytest.mark.slow
+def test_wandb_and_swanlab_offline_by_default(tmp_path):
+    """--wandb --swanlab without keys: offline runs under the output directory, read back."""
+    import subprocess
+    import sys
+
+    wandb_reader = pytest.importorskip("otel_rl_wandb.reader")
+    swanlab_offline = pytest.importorskip("otel_rl_swanlab.offline")
+    env = {k: v for k, v in os.environ.items() if k not in DEMO_ENV}
+    proc = subprocess.run([sys.executable, "-m", "otel_rl.cli", "demo", "--quick", "--no-progress", "--wandb",
+                           "--swanlab", "--output-dir", str(tmp_path), "trainer.logger=[file]",
+                           "actor_rollout_ref.rollout.trace.backend=null"],
+                          env=env, cwd=tmp_path, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "wandb (offline)" in proc.stdout and "swanlab (offline)" in proc.stdout
+    (run_dir,) = wandb_reader.find_run_dirs(str(tmp_path))
+    rows = wandb_reader.read_run(run_dir).rows_by("train/global_step")
+    assert set(range(1, 7)) <= set(rows) and all("critic/score/mean" in rows[s] for s in range(1, 7))
+    (sw,) = swanlab_offline.read_runs(tmp_path / "swanlog")
+    assert set(range(1, 7)) <= set(sw.scalars)
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_line_on_a_terminal_keeps_stdout_above_it(monkeypatch):
+    out, err = _Terminal(), _Terminal()
+    monkeypatch.setattr("sys.stdout", out)
+    p = Progress(4, stream=err, use_tqdm=False)
+    import sys
+
+    assert sys.stdout is not out  # stdout goes through the bar while it is shown
+    p.update(1, {"critic/score/mean": 0.5})
+    print("step:1 - actor/pg_loss:0.1")  # what the console exporter writes, from any thread
+    p.update(2, {"critic/score/mean": 0.75})
+    p.close()
+    assert sys.stdout is out
+    assert out.getvalue() == "step:1 - actor/pg_loss:0.1\n"
+    bar1 = "otel-rl demo [######..................] 1/4  reward 0.500"
+    bar2 = "otel-rl demo [############............] 2/4  reward 0.750"
+    # drawn; cleared before the stdout line (written whole: print writes the text and the newline
+    # separately); drawn again after it; replaced by step 2's; ended by a newline
+    parts = err.getvalue().split("\r\x1b[K")
+    assert len(parts) == 3 and parts[0].startswith(bar1) and parts[1].startswith(bar1)
+    assert parts[2].startswith(bar2) and parts[2].endswith("\n")
