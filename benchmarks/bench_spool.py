@@ -11,9 +11,10 @@
    - "caller": chunks of 200 calls timed with perf_counter_ns, gc off, the variants interleaved
      chunk by chunk; between chunks (outside the timing) `flush()` lets the background threads
      finish (for a down tracker flush spills and returns False).  Min and median over chunks.
-   - "sustained": 1.5 s of back-to-back `log()` calls with the background threads running
-     (pipeline worker building records, delivery thread failing and spilling to disk, all
-     competing for the GIL): calls/s and us/call.
+   - "background": after N calls, the time the background threads take to process them (the
+     pipeline worker building spans, records and OTel instruments, then the queue delivering, or
+     encoding and writing them to the spool when the tracker is down), per item.  This runs off
+     the training thread but holds the GIL.
 2. Spool write throughput: `Spool.append` of ready payloads (MB/s, frames/s) under each fsync
    policy, and encode + append of real batches (records/s): step metrics and trajectories.
 3. Replay: a `DeliveryQueue` over a filled spool delivering to a no-op exporter (read, CRC check,
@@ -42,7 +43,7 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 import otel_rl  # noqa: E402
 from otel_rl._handle import Handle  # noqa: E402
-from otel_rl._pipeline import DeliveryQueue  # noqa: E402
+from otel_rl._pipeline import DeliveryQueue, _Marker  # noqa: E402
 from otel_rl.config import resolve  # noqa: E402
 from otel_rl.exporters.tracker import TrackerExporter  # noqa: E402
 from otel_rl.records import RunIdentity, SpanNode, StepMetrics, Trajectory  # noqa: E402
@@ -51,6 +52,7 @@ from otel_rl.spool.codec import encode_batch  # noqa: E402
 
 pc = time.perf_counter_ns
 RESULTS: dict[str, Any] = {}
+DOWN: set[int] = set()  # ids of the handles whose tracker is down
 
 
 class NullTracker(TrackerExporter):
@@ -111,6 +113,8 @@ def make_handles(tmp: str, with_mlflow: bool) -> dict[str, Handle]:
     for label, down in (("tracker up", False), ("tracker down (spooling)", True)):
         cfg = resolve(env={}, exporters=[], spool_dir=os.path.join(tmp, label.split()[1]), **base)
         out[label] = Handle(cfg, [NullTracker(cfg, down)])
+        if down:
+            DOWN.add(id(out[label]))
     if with_mlflow:
         from otel_rl_mlflow import MlflowExporter
 
@@ -120,16 +124,20 @@ def make_handles(tmp: str, with_mlflow: bool) -> dict[str, Handle]:
         e = MlflowExporter(cfg, tracking_uri=f"http://127.0.0.1:{closed_port()}")
         e.name = "mlflow"
         out["mlflow server down (spooling)"] = Handle(cfg, [e])
+        DOWN.add(id(out["mlflow server down (spooling)"]))
     return out
 
 
 def settle(h: Handle, timeout_s: float = 300.0) -> None:
-    """Let the pipeline worker finish what was logged, then deliver (up) or spill (down)."""
-    deadline = time.monotonic() + timeout_s
-    while h._pipeline._items and time.monotonic() < deadline:
-        time.sleep(0.005)
-    down = any(q.stats.failed_attempts for q in h._pipeline.queues)
-    h.flush(0.05 if down else 60.0)
+    """Everything logged so far processed by the pipeline worker, then delivered (tracker up) or
+    written to the spool (tracker down: `wait_idle` times out at once and spills)."""
+    p = h._pipeline
+    marker = _Marker()  # what flush() waits on: set once the worker has processed what came before
+    p._items.append(marker)
+    p._wake.set()
+    assert marker.event.wait(timeout_s), "pipeline worker did not catch up"
+    for q in p.queues:
+        q.wait_idle(0.0 if id(h) in DOWN else timeout_s)
 
 
 def bench_log(handles: dict[str, Handle], chunks: int, chunk: int = 200) -> None:
@@ -164,34 +172,32 @@ def bench_log(handles: dict[str, Handle], chunks: int, chunk: int = 200) -> None
         RESULTS[f"log_caller/{n}"] = {"min_us": min(t), "median_us": statistics.median(t)}
 
 
-def bench_log_sustained(handles: dict[str, Handle], seconds: float, rounds: int) -> None:
-    print(f"\n1b. log(100 keys) sustained, {seconds:.1f}s per run, {rounds} rounds interleaved; background threads "
-          "running (pipeline worker, delivery thread, spilling)")
-    print(f"   {'variant':34s} {'calls/s':>9s} {'us/call':>8s}   (median of rounds) exporter stats after")
+def bench_background(handles: dict[str, Handle], n_items: int, rounds: int) -> None:
+    """What the background threads spend per logged item: the pipeline worker building spans, records
+    and instruments, then delivering (tracker up) or encoding and writing to the spool (down)."""
+    print(f"\n1b. background cost per log(100 keys) item: {n_items} calls, then the time until the pipeline "
+          f"has processed them and the queue delivered (up) or spooled (down) them; median of {rounds} rounds")
+    print(f"   {'variant':34s} {'us/item':>8s} {'vs none':>8s}   exporter stats after")
     dicts = [verl_dict(i) for i in range(100)]
-    rates: dict[str, list[float]] = {n: [] for n in handles}
+    costs: dict[str, list[float]] = {n: [] for n in handles}
     for r in range(rounds):
         names = list(handles)
         for n in names[r % len(names):] + names[:r % len(names)]:
             h = handles[n]
             settle(h)
-            calls = 0
+            for i in range(n_items):
+                h.log(dicts[i % 100], i)
             t0 = time.perf_counter()
-            end = t0 + seconds
-            while time.perf_counter() < end:
-                for d in dicts:
-                    h.log(d, calls)
-                calls += len(dicts)
-            rates[n].append(calls / (time.perf_counter() - t0))
             settle(h)
+            costs[n].append((time.perf_counter() - t0) / n_items * 1e6)
+    base = statistics.median(costs["no exporter"])
     for n, h in handles.items():
-        rate = statistics.median(rates[n])
+        c = statistics.median(costs[n])
         st = {q.name: q.stats for q in h._pipeline.queues}
         info = ", ".join(f"{k}: exported={s.exported} spooled={s.spooled} dropped={s.dropped} "
                          f"spool={s.spool_bytes / 1e6:.1f}MB" for k, s in st.items()) or "-"
-        print(f"   {n:34s} {rate:9.0f} {1e6 / rate:8.1f}   {info}; pipeline dropped={h._pipeline.dropped}")
-        RESULTS[f"log_sustained/{n}"] = {"calls_per_s": rate, "us_per_call": 1e6 / rate, "rounds": rates[n],
-                                         "pipeline_dropped": h._pipeline.dropped}
+        print(f"   {n:34s} {c:8.1f} {c / base:7.2f}x   {info}")
+        RESULTS[f"background/{n}"] = {"us_per_item": c, "rounds": costs[n]}
 
 
 # ----------------------------------------------------------------------------- 2. spool writes
@@ -346,7 +352,7 @@ def main() -> int:
         handles = make_handles(tmp, with_mlflow)
         try:
             bench_log(handles, chunks=20 if args.quick else 60)
-            bench_log_sustained(handles, 0.7 if args.quick else 1.5, 2 if args.quick else 4)
+            bench_background(handles, 1000 if args.quick else 2000, 2 if args.quick else 3)
         finally:
             for h in handles.values():
                 settle(h)

@@ -7,6 +7,14 @@ import os
 import pytest
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # spools of undeliverable test data go to a throwaway cache, not the user's ~/.cache
+    import tempfile
+
+    if "OTEL_RL_TEST_KEEP_CACHE" not in os.environ:
+        os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="otel-rl-test-cache-")
+
+
 def pytest_collectreport(report: pytest.CollectReport) -> None:
     # On CI every part must be installed: a module skipped at import (a missing tracker
     # library or exporter distribution) is a failure there, not a quiet skip.
