@@ -7,12 +7,9 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
-import sys
 import threading
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +17,7 @@ import otel_rl
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-VENV_BIN = Path(sys.executable).parent
+from _mlflow_server import VENV_BIN, MlflowServer, free_port  # noqa: E402,F401  (tests/ is on sys.path)
 OTEL_RL = VENV_BIN / "otel-rl"
 
 
@@ -77,7 +74,7 @@ def clean_env(**extra: str) -> dict[str, str]:
            if not k.startswith(("OTEL_", "MLFLOW_", "WANDB_", "SWANLAB_", "VERL_"))
            and k.lower() not in ("http_proxy", "https_proxy", "all_proxy")}
     env.update({"MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true", "PYTHONUNBUFFERED": "1",
-                "NO_PROXY": "127.0.0.1,localhost", "PYTHONPATH": f"{HERE}{os.pathsep}{ROOT}"})
+                "NO_PROXY": "127.0.0.1,localhost", "PYTHONPATH": os.pathsep.join((str(HERE), str(HERE.parent), str(ROOT)))})
     env.update(extra)
     return env
 
@@ -142,56 +139,6 @@ class LineProcess:
             return self.proc.wait(timeout_s)
         finally:
             self._reader.join(10)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class MlflowServer:
-    """A real `mlflow server` (sqlite backend, served artifacts) that can be SIGKILLed and restarted
-    on the same port."""
-
-    def __init__(self, root: Path):
-        self.root = root
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.proc: subprocess.Popen | None = None
-        self.log = root / "server.log"
-
-    def start(self, timeout_s: float = 180.0) -> None:
-        env = clean_env()
-        cmd = [str(VENV_BIN / "mlflow"), "server", "--backend-store-uri", f"sqlite:///{self.root}/server.db",
-               "--artifacts-destination", str(self.root / "artifacts"), "--host", "127.0.0.1",
-               "--port", str(self.port), "--workers", "1"]
-        self.proc = subprocess.Popen(cmd, cwd=self.root, env=env, stdout=open(self.log, "ab"),
-                                     stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"mlflow server exited: {self.log.read_text()[-2000:]}")
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.3)
-        self.kill()
-        raise RuntimeError(f"mlflow server did not answer /health: {self.log.read_text()[-2000:]}")
-
-    def kill(self) -> None:
-        """SIGKILL the server and its workers (its own process group)."""
-        if self.proc is None:
-            return
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.proc.wait(30)
-        self.proc = None
 
 
 def run_replay(args: list[str], env: dict[str, str], cwd: Path, timeout_s: float = 300.0) -> tuple[int, str]:

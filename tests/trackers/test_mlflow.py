@@ -13,14 +13,10 @@ import hashlib
 import json
 import math
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 import uuid
-from pathlib import Path
 
 import pytest
 
@@ -36,7 +32,7 @@ from otel_rl.exporters.tracker import flatten_config  # noqa: E402
 from otel_rl.records import StepMetrics, Trajectory  # noqa: E402
 from otel_rl.testing import CaptureExporter  # noqa: E402
 
-VENV_BIN = Path(sys.executable).parent
+from _mlflow_server import VENV_BIN, MlflowServer  # noqa: E402  (tests/ is on sys.path)
 MLFLOW_MAX = 1.7976931348623157e308  # what MLflow stores for +Inf
 LONG_KEY = "actor/" + "very_long_metric_name_" * 14  # > 250 characters
 EXPECTED_KEYS = {  # keys MLflow rejects -> what we log (verl's rule, the long-key rule)
@@ -56,55 +52,6 @@ CONFIG = {
 
 
 # ----------------------------------------------------------------------------- fixtures
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class MlflowServer:
-    """A real `mlflow server` (sqlite backend, served artifacts) that can be killed and restarted."""
-
-    def __init__(self, root: Path):
-        self.root = root
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.proc: subprocess.Popen | None = None
-        self.log = root / "server.log"
-
-    def start(self, timeout_s: float = 150.0) -> None:
-        env = dict(os.environ, MLFLOW_DISABLE_TELEMETRY="true", DO_NOT_TRACK="true")
-        cmd = [str(VENV_BIN / "mlflow"), "server", "--backend-store-uri", f"sqlite:///{self.root}/server.db",
-               "--artifacts-destination", str(self.root / "artifacts"), "--host", "127.0.0.1",
-               "--port", str(self.port), "--workers", "1"]
-        self.proc = subprocess.Popen(cmd, cwd=self.root, env=env, stdout=open(self.log, "ab"),
-                                     stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"mlflow server exited: {self.log.read_text()[-2000:]}")
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.3)
-        self.kill()
-        raise RuntimeError(f"mlflow server did not answer /health: {self.log.read_text()[-2000:]}")
-
-    def kill(self) -> None:
-        """SIGKILL the server and its uvicorn worker (its own process group, started by us)."""
-        if self.proc is None:
-            return
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.proc.wait(30)
-        self.proc = None
 
 
 @pytest.fixture(scope="module")
