@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import sys
 import threading
 import time
 from collections.abc import Iterable, Sequence
@@ -20,10 +21,13 @@ from . import semconv as sc
 from ._instruments import Instruments, views
 from ._pipeline import GenerationsItem, LogItem, Pipeline, make_span_processor
 from ._runtime import RT, STEP
+from ._sidecar import IN_EXPORT_PROCESS as _IN_EXPORT_PROCESS
+from ._sidecar import SidecarClient
 from ._values import coerce_metrics, warn_once
 from .config import Config, resolve, scrub_secrets
 from .exporters import registry
 from .exporters.base import Exporter
+from .records import Trajectory
 from .sampling import Sampler
 from .serialize import to_json
 
@@ -36,8 +40,14 @@ _init_lock = threading.Lock()
 class Handle:
     """A running otel-rl pipeline.  Use as a context manager or call `shutdown()`."""
 
-    def __init__(self, config: Config, exporters: list[Exporter], tokenizer: Any = None):
+    def __init__(self, config: Config, exporters: list[Any], tokenizer: Any = None):
         self.config = config
+        remote_specs = [x[1:] for x in exporters if isinstance(x, tuple)]
+        self._sidecar: SidecarClient | None = None
+        if remote_specs:
+            self._sidecar = SidecarClient(config, remote_specs, on_death=self._export_process_died)
+            stubs = iter(self._sidecar.exporters)
+            exporters = [next(stubs) if isinstance(x, tuple) else x for x in exporters]
         self.exporters = exporters
         self._closed = False
         self._lock = threading.Lock()
@@ -59,15 +69,44 @@ class Handle:
         self.meter_provider = MeterProvider(resource=self.resource, metric_readers=readers, views=views())
         scope = InstrumentationScope("otel_rl", __version__)
         self._pipeline: Pipeline | None = None
+        # without a metric reader nobody reads the instruments: do not pay for updating them
         instruments = Instruments(self.meter_provider.get_meter("otel_rl", __version__), self.identity,
-                                  lambda: self._pipeline.queues if self._pipeline else [])
-        self._pipeline = Pipeline(cfg, self.resource, exporters, instruments, scope)
+                                  lambda: self._pipeline.queues if self._pipeline else []) if readers else None
+        self._pipeline = Pipeline(cfg, self.resource, [e for e in exporters if not getattr(e, "remote", False)],
+                                  instruments, scope, remote=self._sidecar)
         self.tracer_provider = TracerProvider(resource=self.resource)
         self.tracer_provider.add_span_processor(make_span_processor(self._pipeline))
         self.tracer = self.tracer_provider.get_tracer("otel_rl", __version__)
         self.sampler = Sampler(cfg.run_id, cfg.max_samples)
         self.tokenizer = tokenizer
         self._emit_run_start()
+
+    def _export_process_died(self, client: SidecarClient, unsettled: list) -> None:
+        """The export process ended unexpectedly: its exporters continue here, in-process, and get
+        the batches it had not settled again (at least once)."""
+        made: dict[str, Exporter] = {}
+        for stub in client.exporters:
+            e = registry.create(stub.name, self.config)
+            e.wants_trajectories = stub.wants_trajectories
+            made[stub.name] = e
+        queues = self._pipeline.adopt(client, list(made.values()))
+        for _, records, names in unsettled:
+            for n in names:
+                q = queues.get(n)
+                if q is not None:
+                    recs = [r for r in records if not isinstance(r, Trajectory) or q.exporter.wants_trajectories]
+                    if recs:
+                        q.put([], recs)
+
+        def fallback(records: list, names: Sequence[str]) -> None:
+            for n in names:
+                q = queues.get(n)
+                if q is not None:
+                    q.put([], [r for r in records if not isinstance(r, Trajectory) or q.exporter.wants_trajectories])
+
+        client.fallback = fallback
+        with self._lock:
+            self.exporters = [made.get(e.name, e) if getattr(e, "remote", False) else e for e in self.exporters]
 
     # -- identity ------------------------------------------------------------------
     @property
@@ -306,10 +345,13 @@ class Handle:
         self.shutdown()
 
 
-def _build_exporters(cfg: Config, given: Sequence[Exporter]) -> list[Exporter]:
+def _build_exporters(cfg: Config, given: Sequence[Exporter]) -> list[Any]:
+    """The exporters in order: instances, and ``("remote", name, class, wants_trajectories)`` for the
+    ones that run in the export process (``export_process``)."""
     if cfg.disabled:
         return []
-    out: list[Exporter] = []
+    out: list[Any] = []
+    mode = "false" if os.environ.get(_IN_EXPORT_PROCESS) == "1" else str(cfg.export_process).lower()
     seen = set()
     for name in cfg.exporter_names():
         canonical = "wandb" if name == "tracking" else name
@@ -318,7 +360,18 @@ def _build_exporters(cfg: Config, given: Sequence[Exporter]) -> list[Exporter]:
         if canonical in seen:
             continue
         seen.add(canonical)
-        out.append(registry.create(canonical, cfg))
+        cls = registry.out_of_process_class(canonical) if mode != "false" else None
+        if cls is not None and mode == "auto":
+            # auto: out of process unless the training process already uses the tracker's library
+            # itself (wandb.log on the run, mlflow.set_tracking_uri, weave.init ...): then its run
+            # and settings live here, and so does the exporter
+            module = registry.REQUIRES.get(canonical)
+            if module is None or module in sys.modules or not cls.export_process_auto:
+                cls = None
+        if cls is not None:
+            out.append(("remote", canonical, cls, cls.routing(cfg)))
+        else:
+            out.append(registry.create(canonical, cfg))
     for e in given:
         if not e.name:
             e.name = type(e).__name__

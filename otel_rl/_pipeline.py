@@ -656,7 +656,7 @@ def _make_spool(spool: Any, config: Any, exporter: Any) -> Any:
 
 class Pipeline:
     def __init__(self, config: Any, resource: Any, exporters: Sequence[Any], instruments: Any | None,
-                 scope: InstrumentationScope):
+                 scope: InstrumentationScope, remote: Any = None):
         self.config = config
         self.resource = resource
         self.scope = scope
@@ -671,6 +671,10 @@ class Pipeline:
         self.pending_decode: dict[int, tuple] = {}
         self.queues = [DeliveryQueue(e, config.queue_size, config=config) for e in exporters
                        if e.wants_records or e.wants_spans or e.wants_trajectories]
+        # exporters in the export process (otel_rl._sidecar): records go there in one message per batch
+        self.remote = remote
+        if remote is not None:
+            self.queues = self.queues + list(remote.queues)
         self._stopping = False
         self._worker = threading.Thread(target=self._run, name="otel-rl-pipeline", daemon=True)
         self._worker.start()
@@ -685,6 +689,14 @@ class Pipeline:
             q.put([], list(first))
         self._items.append(_AddQueue(q))  # attached by the worker, after what was submitted before
         self._wake.set()
+
+    def adopt(self, remote: Any, exporters: Sequence[Any]) -> dict[str, DeliveryQueue]:
+        """Replace the export process `remote` by in-process queues for `exporters` (its death)."""
+        made = {e.name: DeliveryQueue(e, self.config.queue_size, config=self.config) for e in exporters}
+        self.queues = [q for q in self.queues if not getattr(q, "remote", False)] + list(made.values())
+        if self.remote is remote:
+            self.remote = None
+        return made
 
     def submit(self, item: Any) -> None:
         items = self._items
@@ -720,6 +732,8 @@ class Pipeline:
         self._stopping = True
         self._wake.set()
         self._worker.join(max(0.0, deadline - time.monotonic()))
+        if self.remote is not None:
+            self.remote.request_stop(max(0.0, deadline - time.monotonic()))
         for q in self.queues:  # all at once: a failing exporter gives up (and counts) in parallel
             q.request_stop()
         for q in self.queues:
@@ -792,8 +806,15 @@ class Pipeline:
                 _log.exception("otel-rl: metric instrument update failed")
         if not records and not spans:
             return
+        remote = self.remote
+        if remote is not None and records:
+            names = remote.names if only is None else tuple(n for n in remote.names if n in only)
+            if names:
+                remote.send(records, names)
         for q in self.queues:
             if only is not None and q.name not in only:
+                continue
+            if q.__class__ is not DeliveryQueue and getattr(q, "remote", False):
                 continue
             exp = q.exporter
             recs = [r for r in records if not isinstance(r, Trajectory) or exp.wants_trajectories] \

@@ -80,6 +80,8 @@ class Config:
     spool_drop_policy: str = "drop_oldest"  # when the cap is hit: drop_oldest | drop_newest
     spool_fsync: str = "batch"  # always | batch | never
     spool_exporters: str = "auto"  # auto (tracker exporters) | all | none | comma list of names
+    export_process: str = "auto"  # auto/true: tracker exporters run in a child process | false: in-process
+    export_process_nice: int = 10  # the child's niceness increment: training keeps the CPU when both want it
     set_global_provider: bool = False
     disabled: bool = False
     resource_attributes: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -115,6 +117,8 @@ ENV_KEYS: dict[str, str] = {
     "OTEL_RL_SPOOL_DROP_POLICY": "spool_drop_policy",
     "OTEL_RL_SPOOL_FSYNC": "spool_fsync",
     "OTEL_RL_SPOOL_EXPORTERS": "spool_exporters",
+    "OTEL_RL_EXPORT_PROCESS": "export_process",
+    "OTEL_RL_EXPORT_PROCESS_NICE": "export_process_nice",
     "OTEL_EXPORTER_PROMETHEUS_HOST": "prometheus_host",
     "OTEL_EXPORTER_PROMETHEUS_PORT": "prometheus_port",
 }
@@ -343,9 +347,15 @@ def _coerce(field: str, v: Any, source: str) -> Any:
         if s not in choices:
             raise ConfigError(f"{label}: expected one of {', '.join(choices)}, got {v!r}")
         return s
+    if field == "export_process":
+        s = str(v).strip().lower()
+        if s == "auto":
+            return s
+        return "true" if _as_bool(label + " (auto, true or false)", v) else "false"
     if field == "spool_exporters" and isinstance(v, (list, tuple)):
         return ",".join(_as_names(label, v))
-    if field in ("rank", "log_val_generations", "prometheus_port", "max_value_chars", "queue_size"):
+    if field in ("rank", "log_val_generations", "prometheus_port", "max_value_chars", "queue_size",
+                 "export_process_nice"):
         out = _as_int(label, v)
         if field == "log_val_generations" and out is not None and out < 0:
             raise ConfigError(f"{label}: must be >= 0")

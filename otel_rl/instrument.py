@@ -264,7 +264,8 @@ class trajectory:
             st.span.end()
         elif st.mode == UNSAMPLED and (ev is not None or st.errors):
             _emit_kept_error(st, ev)
-        elif RT.pipeline is not None:  # untraced: only its duration and outcome, for the metrics
+        elif RT.pipeline is not None and RT.pipeline.instruments is not None:
+            # untraced: only its duration and outcome, for the metrics (when something reads them)
             RT.pipeline.submit(TrajectoryStat((_time_ns() - st.t0) / 1e9, st.validate, ev is not None))
         return False
 

@@ -97,6 +97,9 @@ def prepare(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, str], s
         ours["spool_dir"] = os.path.join(out, "spool")  # where undelivered tracker data would wait
     if "mlflow" in used and not environ.get("MLFLOW_TRACKING_URI"):
         env["MLFLOW_TRACKING_URI"] = "sqlite:///" + os.path.join(out, "mlruns.db")
+        if not environ.get("OTEL_RL_MLFLOW_ARTIFACT_LOCATION"):
+            # in a store of our own, artifacts go beside it (MLflow's default is ./mlruns)
+            env["OTEL_RL_MLFLOW_ARTIFACT_LOCATION"] = os.path.join(out, "mlartifacts")
     if used & {"wandb", "tracking"}:
         if not environ.get("WANDB_API_KEY") and not environ.get("WANDB_MODE"):
             env["WANDB_MODE"] = "offline"
@@ -134,19 +137,6 @@ def _environment(values: dict[str, str]) -> Iterator[None]:
                 os.environ[k] = v
 
 
-def _mlflow_experiment(uri: str, name: str, artifact_root: str) -> None:
-    """In a store of our own, create the experiment with its artifacts beside the store
-    (MLflow would put them in ./mlruns under the working directory)."""
-    try:
-        from mlflow import MlflowClient
-
-        client = MlflowClient(tracking_uri=uri)
-        if client.get_experiment_by_name(name) is None:
-            client.create_experiment(name, artifact_location=artifact_root)
-    except Exception as exc:  # the exporter creates it itself, reports problems and retries
-        print(f"otel-rl demo: could not prepare the MLflow experiment: {exc}", file=sys.stderr)
-
-
 def run(args: argparse.Namespace) -> int:
     import otel_rl
 
@@ -162,9 +152,6 @@ def run(args: argparse.Namespace) -> int:
     os.makedirs(out, exist_ok=True)
     t0 = time.perf_counter()
     with _environment(env):
-        if "MLFLOW_TRACKING_URI" in env:
-            _mlflow_experiment(env["MLFLOW_TRACKING_URI"], cfg["trainer"]["project_name"],
-                               os.path.join(out, "mlartifacts"))
         try:
             handle = otel_rl.init(cfg, tokenizer=ArithTokenizer())
         except (otel_rl.ConfigError, otel_rl.UnknownExporterError) as exc:

@@ -53,3 +53,9 @@ class Exporter:
 
     def shutdown(self) -> None:
         return None
+
+    def process_failed(self, state: str, text: str) -> None:
+        """The training process is ending with an uncaught exception (`state` ``crashed``, or
+        ``aborted`` for a KeyboardInterrupt; `text` its traceback), seen from the export process:
+        an exporter whose tracker records how a run ended marks it here, before `shutdown`."""
+        return None

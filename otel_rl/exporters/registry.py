@@ -91,13 +91,30 @@ def _importable(module: str) -> bool:
         return False
 
 
-def create(name: str, config: Any) -> Exporter:
+def _check_requires(name: str) -> None:
     module = REQUIRES.get(name)
     if module is not None and not _importable(module):
         raise UnknownExporterError(
             f"the {name!r} exporter needs the {module!r} package, which is not installed: "
             f"run `{KNOWN_MISSING.get(name, f'pip install {module}')}`."
         )
+
+
+def out_of_process_class(name: str) -> Any:
+    """The exporter class of `name` when it can run in the export process (a `TrackerExporter`
+    that does not opt out), else None.  Raises like `create` for unknown or uninstallable names,
+    without creating the exporter (nor importing its tracker library)."""
+    from .tracker import TrackerExporter
+
+    _check_requires(name)
+    factory = resolve_factory(name)
+    if isinstance(factory, type) and issubclass(factory, TrackerExporter) and factory.out_of_process:
+        return factory
+    return None
+
+
+def create(name: str, config: Any) -> Exporter:
+    _check_requires(name)
     factory = resolve_factory(name)
     try:
         exporter = factory(config)

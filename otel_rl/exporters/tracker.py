@@ -28,6 +28,19 @@ class TrackerExporter(Exporter):
     tracker_name: str = ""
     #: receives trajectories only when it is the configured trace backend
     traces_only_as_backend: bool = True
+    #: can export trajectories at all (WandB's trace backend is Weave; SwanLab has no trace view)
+    exports_trajectories: bool = True
+    #: may run in the export process (``export_process``, otel_rl/_sidecar.py)
+    out_of_process: bool = True
+    #: ... and goes there with ``export_process=auto`` when its library is not imported at init()
+    export_process_auto: bool = True
+
+    @classmethod
+    def routing(cls, config: Any) -> bool:
+        """Whether an exporter of this class made with `config` takes trajectories."""
+        if not cls.exports_trajectories:
+            return False
+        return getattr(config, "trace_backend", None) == cls.tracker_name if cls.traces_only_as_backend else True
 
     def __init__(self, config: Any):
         self.config = config
@@ -37,8 +50,7 @@ class TrackerExporter(Exporter):
         # while being retried leaves its keys behind until the next delivered batch)
         self._written: dict[tuple[int, str], Any] = {}
         self._inflight: Any = None  # the batch being retried; a different batch resets the progress
-        backend = getattr(config, "trace_backend", None)
-        self.wants_trajectories = (backend == self.tracker_name) if self.traces_only_as_backend else True
+        self.wants_trajectories = type(self).routing(config)
 
     # -- to implement ----------------------------------------------------------------
     def open_run(self, run: RunIdentity, start: RunStart | None) -> Any:

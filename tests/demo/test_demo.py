@@ -229,6 +229,7 @@ def test_prepare_config_and_environment(monkeypatch, tmp_path):
                               "jsonl_path": str(tmp_path / "otel_rl_demo" / "grpo_arith_seed7.jsonl"),
                               "spool_dir": str(tmp_path / "spool")}
     assert env == {"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlruns.db",  # trace.backend=mlflow
+                   "OTEL_RL_MLFLOW_ARTIFACT_LOCATION": str(tmp_path / "mlartifacts"),
                    "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path),
                    "SWANLAB_MODE": "offline", "SWANLAB_LOG_DIR": str(tmp_path / "swanlog")}
     resolved = otel_rl.config.resolve(cfg)

@@ -59,8 +59,9 @@ class Scenario:
         self.lock: sqlite3.Connection | None = None
 
     def env(self, **extra: str) -> dict[str, str]:
-        return clean_env(MLFLOW_TRACKING_URI=self.uri, OTEL_RL_SPOOL_DIR=str(self.spool), OTEL_RL_RUN_ID=self.run_id,
-                         SPOOL_TEST_SINK=str(self.sink), CRASH_DIR=str(self.ctl), PROJECT=self.project, **extra)
+        # the trainer's own spool (in-process exporters); the export process has tests of its own
+        return clean_env(OTEL_RL_EXPORT_PROCESS="false", MLFLOW_TRACKING_URI=self.uri,
+                         OTEL_RL_SPOOL_DIR=str(self.spool), OTEL_RL_RUN_ID=self.run_id, SPOOL_TEST_SINK=str(self.sink), CRASH_DIR=str(self.ctl), PROJECT=self.project, **extra)
 
     def trainer(self, name: str, **extra: str) -> LineProcess:
         return LineProcess([sys.executable, str(HERE / "crash_trainer.py")], self.env(**extra), self.root, name)

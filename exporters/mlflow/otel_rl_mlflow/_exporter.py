@@ -60,6 +60,8 @@ DEFAULT_TRACKING_URI = "sqlite:////tmp/mlruns.db"
 RUN_ID_TAG = sc.RL_RUN_ID
 #: run tag listing the metric points that were +-Inf (MLflow stores them as +-1.797e308)
 INF_METRICS_TAG = "otel_rl.inf_metrics"
+#: artifact location of the experiments this exporter creates (a path or URI; default: MLflow's)
+ENV_ARTIFACT_LOCATION = "OTEL_RL_MLFLOW_ARTIFACT_LOCATION"
 #: artifact path of the validation generations table of step n
 GENERATIONS_TABLE = "val_generations/step_{step}.json"
 GENERATIONS_COLUMNS = ["step", "input", "output", "score"]
@@ -211,7 +213,9 @@ class MlflowExporter(TrackerExporter):
         exp = client.get_experiment_by_name(name)
         if exp is None:
             try:
-                return client.create_experiment(name)
+                # where the artifacts of an experiment created here go (MLflow's default: ./mlruns)
+                location = os.environ.get(ENV_ARTIFACT_LOCATION) or None
+                return client.create_experiment(name, artifact_location=location)
             except MlflowException as exc:  # created meanwhile by another process
                 exp = client.get_experiment_by_name(name)
                 if exp is None:

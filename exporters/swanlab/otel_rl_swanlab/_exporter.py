@@ -100,6 +100,7 @@ class SwanlabExporter(TrackerExporter):
     """
 
     tracker_name = "swanlab"
+    exports_trajectories = False
     traces_only_as_backend = True
 
     def __init__(self, config: Any):
@@ -291,6 +292,9 @@ class SwanlabExporter(TrackerExporter):
         self._active = state
         return True
 
+    def process_failed(self, state: str, text: str) -> None:
+        _mark_failed(state, text)  # the run is finished as crashed / aborted
+
     def _finish(self, state: _Run) -> None:
         run, state.run = state.run, None
         if run is not None and state.owned and _alive(run):
@@ -417,6 +421,12 @@ class SwanlabExporter(TrackerExporter):
 _live: weakref.WeakSet[SwanlabExporter] = weakref.WeakSet()
 _crash: tuple[str, str] | None = None  # (SwanLab finish state, traceback) once the process is failing
 _excepthook_installed = False
+
+
+def _mark_failed(state: str, text: str) -> None:
+    global _crash
+    if _crash is None:
+        _crash = (state, text)
 
 
 def _on_uncaught(tp: Any, value: Any, tb: Any) -> None:

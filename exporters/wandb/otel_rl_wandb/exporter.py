@@ -140,6 +140,7 @@ class WandbExporter(TrackerExporter):
     """``trainer.logger=["wandb"]`` (and verl's deprecated ``tracking``)."""
 
     tracker_name = "wandb"
+    exports_trajectories = False
 
     def __init__(self, config: Any):
         super().__init__(config)
@@ -213,9 +214,13 @@ class WandbExporter(TrackerExporter):
         handle.init_kwargs["config"] = config
         self._live(handle).config.update(config, allow_val_change=True)
 
+    def process_failed(self, state: str, text: str) -> None:
+        self._exit_code = 1  # the training process failed: its runs finish as failed
+
     def close_run(self, handle: WandbRun) -> None:
         try:
-            handle.run.finish()
+            code = getattr(self, "_exit_code", None)
+            handle.run.finish() if code is None else handle.run.finish(exit_code=code)
         except Exception as exc:
             warn_once(f"wandb-finish:{type(exc).__name__}", "otel-rl: wandb run %s did not finish cleanly: %s",
                       handle.ident.run_id, exc)

@@ -208,6 +208,9 @@ class WeaveExporter(TrackerExporter):
 
     tracker_name = "weave"
     traces_only_as_backend = False
+    # an application usually calls weave.init() itself (often after otel-rl starts), and the
+    # exporter logs through that client: it stays in the training process unless asked
+    export_process_auto = False
 
     def __init__(self, config: Any):
         super().__init__(config)

@@ -1,0 +1,539 @@
+"""The export process: tracker exporters run in a child process of the trainer.
+
+Tracker libraries are heavy Python (MLflow's store writes, wandb's and SwanLab's
+run bookkeeping).  In the training process they compete with the training loop
+for the GIL even on their own threads; in a child process they run on another
+core and the training process only pays for handing records over (a pickle and
+a pipe write, on the pipeline's threads).  ``export_process`` (docs/configuration.md):
+
+- ``auto`` (default) / ``true``: the tracker exporters named in the config (MLflow,
+  WandB, SwanLab, Weave, any `TrackerExporter` that does not opt out) run in one
+  export process; console, file, OTLP, Prometheus and exporter *instances* given
+  to `init()` stay in the training process;
+- ``false``: everything in the training process.
+
+Protocol (two pipes; frames are a 4-byte little-endian length and a pickle):
+
+    trainer -> child   ("hello", config, [(name, wants_trajectories)], queue_size)
+                       ("batch", seq, records, names)     records for these exporters
+                       ("flush", seq)                     reply when all up to seq is delivered
+                       ("routing", name, wants_trajectories)
+                       ("stop", timeout_s, failure)       deliver, finish the tracker runs, exit
+                                                          (failure: None, or the trainer's uncaught
+                                                          exception as (state, traceback text))
+    child -> trainer   ("ready", {name: error or None})
+                       ("stats", {name: stats}, settled_seq)   about twice a second
+                       ("flushed", seq, ok, {name: stats})
+                       ("stopped", {name: stats})
+
+Each exporter has the same `DeliveryQueue` in the child as it would have in the
+trainer: retries with backoff, spool on disk when the tracker fails or falls
+behind, replay at the next start.  The child ignores SIGINT (a Ctrl-C in the
+terminal reaches the whole process group; the trainer stops it in order) and,
+when the trainer disappears (EOF on its pipe, e.g. the trainer was killed), it
+delivers what it holds and exits.  If the child dies, the trainer takes the
+exporters back in-process and re-delivers the batches the child had not yet
+settled (delivered or written to its spool): at least once, never silently lost.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ._pipeline import DeliveryQueue, ExporterStats
+from .exporters.base import Exporter
+from .records import Trajectory
+
+_log = logging.getLogger("otel_rl")
+_HDR = struct.Struct("<I")
+_STATS_INTERVAL_S = 0.5
+#: set in the export process's environment: an `init()` there keeps every exporter in-process
+IN_EXPORT_PROCESS = "OTEL_RL_IN_EXPORT_PROCESS"
+#: extra time the trainer waits, after the shutdown budget, for the child to finish its tracker runs
+STOP_GRACE_S = 60.0
+
+
+_CHILD = "import sys; from otel_rl._sidecar import main; sys.exit(main(sys.argv[1:]))"
+
+
+def _write(f: Any, msg: Any) -> None:
+    data = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
+    f.write(_HDR.pack(len(data)))
+    f.write(data)
+    f.flush()
+
+
+def _read(f: Any) -> Any:
+    hdr = f.read(4)
+    if len(hdr) < 4:
+        return None
+    (n,) = _HDR.unpack(hdr)
+    data = f.read(n)
+    if len(data) < n:
+        return None
+    return pickle.loads(data)
+
+
+# ----------------------------------------------------------------------------- trainer side
+
+_failure: tuple[str, str] | None = None  # the training process's uncaught exception: (state, traceback)
+_hook_installed = False
+
+
+def _install_excepthook() -> None:
+    """Once per process: remember an uncaught exception, so the export process can tell the trackers
+    how the run ended (SwanLab's crashed / aborted state), as they would see it in-process."""
+    global _hook_installed
+    if _hook_installed:
+        return
+    _hook_installed = True
+    previous = sys.excepthook
+
+    def excepthook(tp: Any, value: Any, tb: Any) -> None:
+        global _failure
+        if _failure is None and not (hasattr(sys, "ps1") or sys.flags.interactive):
+            import traceback
+
+            state = "aborted" if isinstance(tp, type) and issubclass(tp, KeyboardInterrupt) else "crashed"
+            _failure = (state, "".join(traceback.format_exception(tp, value, tb)))
+        previous(tp, value, tb)
+
+    sys.excepthook = excepthook
+
+
+
+class RemoteExporter(Exporter):
+    """Stands for an exporter running in the export process (what `Handle.exporters` lists)."""
+
+    remote = True
+
+    def __init__(self, name: str, cls: type, wants_trajectories: bool, client: SidecarClient):
+        self.name = name
+        self.exporter_class = cls
+        self.tracker_name = getattr(cls, "tracker_name", name)
+        self._wants_trajectories = wants_trajectories
+        self._client = client
+
+    @property
+    def wants_trajectories(self) -> bool:  # type: ignore[override]
+        return self._wants_trajectories
+
+    @wants_trajectories.setter
+    def wants_trajectories(self, value: bool) -> None:
+        value = bool(value)
+        if value != self._wants_trajectories:
+            self._wants_trajectories = value
+            self._client.control(("routing", self.name, value))
+
+    def __repr__(self) -> str:
+        return f"<{self.exporter_class.__name__} {self.name!r} in the export process>"
+
+
+class RemoteQueue:
+    """The pipeline's view of one exporter in the export process (stats, flush, stop)."""
+
+    remote = True
+    spool = None
+
+    def __init__(self, exporter: RemoteExporter, client: SidecarClient):
+        self.exporter = exporter
+        self.name = exporter.name
+        self.stats = ExporterStats()
+        self._client = client
+
+    def put(self, spans: list, records: list) -> bool:
+        self._client.send(records, (self.name,))
+        return True
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        return self._client.flush(timeout_s)
+
+    def request_stop(self) -> None:
+        self._client.request_stop()
+
+    def join(self, timeout_s: float) -> None:
+        self._client.join(timeout_s)
+
+    def stop(self, timeout_s: float) -> None:
+        self.request_stop()
+        self.join(timeout_s)
+
+
+class SidecarClient:
+    """Starts the export process and feeds it (one sender and one reader thread)."""
+
+    def __init__(self, config: Any, exporters: Sequence[tuple[str, type, bool]],
+                 on_death: Callable[[SidecarClient, list], None] | None = None):
+        self.config = config
+        self.exporters = [RemoteExporter(n, cls, wt, self) for n, cls, wt in exporters]
+        self.queues = [RemoteQueue(e, self) for e in self.exporters]
+        self._by_name = {q.name: q for q in self.queues}
+        self.names = tuple(q.name for q in self.queues)
+        self._on_death = on_death
+        self._cond = threading.Condition()
+        self._out: deque = deque()
+        self._seq = 0  # batches handed to send()
+        self._flushed = 0  # the child confirmed delivery of every batch up to here
+        self._settled = 0  # the child delivered or spooled every batch up to here
+        self._unsettled: deque = deque()  # (seq, records, names): re-delivered if the child dies
+        self._unsettled_items = 0
+        self._max_unsettled = max(1000, int(getattr(config, "queue_size", 100_000)))
+        self._stop_sent = False
+        self._stopped = threading.Event()
+        self.alive = True
+        self._adopted = threading.Event()
+        self.fallback: Callable[[list, Sequence[str]], None] | None = None
+        self.dropped = 0
+        _install_excepthook()
+        r_in, w_in = os.pipe()  # trainer -> child
+        r_out, w_out = os.pipe()  # child -> trainer
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        env[IN_EXPORT_PROCESS] = "1"
+        try:
+            self.proc = subprocess.Popen([sys.executable, "-c", _CHILD, str(r_in), str(w_out)],
+                                         pass_fds=(r_in, w_out), env=env, stdin=subprocess.DEVNULL)
+        finally:
+            os.close(r_in)
+            os.close(w_out)
+        self._w = os.fdopen(w_in, "wb", buffering=1 << 16)
+        self._r = os.fdopen(r_out, "rb", buffering=1 << 16)
+        self._out.append(("hello", config, [(e.name, e.wants_trajectories) for e in self.exporters],
+                          getattr(config, "queue_size", 100_000)))
+        self._sender = threading.Thread(target=self._send_loop, name="otel-rl-export-process-send", daemon=True)
+        self._reader = threading.Thread(target=self._read_loop, name="otel-rl-export-process-read", daemon=True)
+        self._sender.start()
+        self._reader.start()
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    # -- feeding -------------------------------------------------------------------------
+    def send(self, records: list, names: Sequence[str]) -> None:
+        """Hand `records` to the exporters `names` of the export process.  Never blocks on it."""
+        if not records:
+            return
+        if not any(self._by_name[n].exporter.wants_trajectories for n in names if n in self._by_name):
+            records = [r for r in records if not isinstance(r, Trajectory)]
+            if not records:
+                return
+        with self._cond:
+            if self.alive:
+                self._seq += 1
+                self._out.append(("batch", self._seq, records, tuple(names)))
+                self._unsettled.append((self._seq, records, tuple(names)))
+                self._unsettled_items += len(records)
+                while self._unsettled_items > self._max_unsettled and len(self._unsettled) > 1:
+                    # the oldest batch stays queued in the child; it only loses its re-delivery copy
+                    _, old, _ = self._unsettled.popleft()
+                    self._unsettled_items -= len(old)
+                self._cond.notify_all()
+                return
+        self._adopted.wait(30.0)
+        fb = self.fallback
+        if fb is not None:
+            fb(records, names)
+        else:
+            self.dropped += len(records)
+
+    def control(self, msg: tuple) -> None:
+        with self._cond:
+            if self.alive:
+                self._out.append(msg)
+                self._cond.notify_all()
+
+    def flush(self, timeout_s: float) -> bool:
+        """True once the child has delivered everything sent before this call."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            target = self._seq
+            if not self.alive:
+                return self._adopted.is_set()
+            if self._flushed >= target:
+                return True
+            self._out.append(("flush", target))
+            self._cond.notify_all()
+            while self.alive and self._flushed < target:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+            return self._flushed >= target
+
+    def request_stop(self, timeout_s: float | None = None) -> None:
+        with self._cond:
+            if self._stop_sent or not self.alive:
+                return
+            self._stop_sent = True
+            budget = timeout_s if timeout_s is not None else 30.0
+            self._out.append(("stop", budget, _failure))
+            self._cond.notify_all()
+
+    def join(self, timeout_s: float) -> None:
+        """Wait for the child to finish (its tracker runs closed), up to `timeout_s` + a grace period."""
+        if not self._stop_sent:
+            self.request_stop(timeout_s)
+        self._stopped.wait(max(0.0, timeout_s) + STOP_GRACE_S)
+        try:
+            self.proc.wait(5.0)
+        except subprocess.TimeoutExpired:
+            _log.warning("otel-rl: the export process (pid %d) is still finishing its tracker runs; "
+                         "it exits on its own when done", self.proc.pid)
+        self._sender.join(1.0)
+
+    # -- threads ---------------------------------------------------------------------------
+    def _send_loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._out and self.alive:
+                    self._cond.wait()
+                if not self.alive:
+                    return
+                msgs = list(self._out)
+                self._out.clear()
+            try:
+                for m in msgs:
+                    _write(self._w, m)
+                    if m[0] == "stop":
+                        self._w.close()
+                        return
+            except (OSError, ValueError):
+                return  # the reader sees the child end and takes over
+
+    def _read_loop(self) -> None:
+        try:
+            while True:
+                msg = _read(self._r)
+                if msg is None:
+                    break
+                self._handle(msg)
+        except Exception as exc:  # a torn frame: the child is gone or broken
+            _log.error("otel-rl: export process pipe error: %s", exc)
+        finally:
+            self._ended()
+
+    def _handle(self, msg: tuple) -> None:
+        kind = msg[0]
+        if kind == "stats":
+            self._apply_stats(msg[1])
+            self._settle(msg[2])
+        elif kind == "flushed":
+            _, seq, ok, stats = msg
+            self._apply_stats(stats)
+            with self._cond:
+                if ok:
+                    self._flushed = max(self._flushed, seq)
+                self._cond.notify_all()
+            if ok:
+                self._settle(seq)
+        elif kind == "ready":
+            for name, err in msg[1].items():
+                if err:
+                    _log.error("otel-rl: exporter %r could not start in the export process: %s", name, err)
+        elif kind == "stopped":
+            self._apply_stats(msg[1])
+            with self._cond:
+                self._flushed = self._seq
+            self._settle(self._seq)
+            self._stopped.set()
+
+    def _apply_stats(self, stats: dict) -> None:
+        for name, d in stats.items():
+            q = self._by_name.get(name)
+            if q is not None:
+                for k, v in d.items():
+                    setattr(q.stats, k, v)
+
+    def _settle(self, seq: int) -> None:
+        with self._cond:
+            self._settled = max(self._settled, seq)
+            while self._unsettled and self._unsettled[0][0] <= self._settled:
+                _, recs, _ = self._unsettled.popleft()
+                self._unsettled_items -= len(recs)
+
+    def _ended(self) -> None:
+        with self._cond:
+            self.alive = False
+            stopped = self._stopped.is_set()
+            left = list(self._unsettled)
+            self._unsettled.clear()
+            self._unsettled_items = 0
+            self._cond.notify_all()
+        try:
+            self.proc.wait(5.0)
+        except subprocess.TimeoutExpired:
+            pass
+        if stopped:
+            self._adopted.set()
+            return
+        code = self.proc.returncode
+        _log.error("otel-rl: the export process ended unexpectedly (exit code %s); its exporters (%s) continue "
+                   "in the training process, %d batches not confirmed by it are delivered again",
+                   code, ", ".join(self.names), len(left))
+        try:
+            if self._on_death is not None:
+                self._on_death(self, left)
+        except Exception:
+            _log.exception("otel-rl: could not restart the export process's exporters in the training process")
+        finally:
+            self._adopted.set()
+            self._stopped.set()
+
+
+# ----------------------------------------------------------------------------- child side
+
+
+class _Server:
+    def __init__(self, r: Any, w: Any):
+        self.r = r
+        self.w = w
+        self.wlock = threading.Lock()
+        self.queues: dict[str, DeliveryQueue] = {}
+        self.errors: dict[str, str] = {}
+        self.received = 0  # highest batch seq put into the queues
+        self.stop_event = threading.Event()
+        self._dropped_failed: dict[str, int] = {}
+
+    def send(self, msg: Any) -> None:
+        with self.wlock:
+            try:
+                _write(self.w, msg)
+            except (OSError, ValueError):
+                pass  # the trainer is gone; keep delivering
+
+    def stats(self) -> dict[str, dict]:
+        out = {n: q.stats.as_dict() for n, q in self.queues.items()}
+        for n in self.errors:
+            out[n] = dict(ExporterStats().as_dict(), dropped=self._dropped_failed.get(n, 0))
+        return out
+
+    def settled(self) -> int:
+        seq = self.received
+        return seq if all(q.stats.in_memory == 0 for q in self.queues.values()) else 0
+
+    def start(self, config: Any, exporters: list, queue_size: int) -> None:
+        from .exporters import registry
+
+        nice = int(getattr(config, "export_process_nice", 0) or 0)
+        if nice > 0 and hasattr(os, "nice"):
+            try:
+                os.nice(nice)  # also inherited by what the trackers start (wandb's service process)
+            except OSError:
+                pass
+
+        ready = {}
+        for name, wants_trajectories in exporters:
+            try:
+                exp = registry.create(name, config)
+                exp.wants_trajectories = bool(wants_trajectories)  # the trainer's routing decides
+                self.queues[name] = DeliveryQueue(exp, queue_size, config=config)
+                ready[name] = None
+            except Exception as exc:
+                self.errors[name] = f"{type(exc).__name__}: {exc}"
+                ready[name] = self.errors[name]
+        self.send(("ready", ready))
+        threading.Thread(target=self._stats_loop, name="otel-rl-export-process-stats", daemon=True).start()
+
+    def _stats_loop(self) -> None:
+        while not self.stop_event.wait(_STATS_INTERVAL_S):
+            self.send(("stats", self.stats(), self.settled()))
+
+    def put(self, seq: int, records: list, names: Sequence[str]) -> None:
+        for n in names:
+            q = self.queues.get(n)
+            if q is None:
+                if n in self.errors:
+                    self._dropped_failed[n] = self._dropped_failed.get(n, 0) + len(records)
+                continue
+            exp = q.exporter
+            recs = records if exp.wants_trajectories else [r for r in records if not isinstance(r, Trajectory)]
+            if recs:
+                q.put([], recs)
+        self.received = seq
+
+    def flush(self, seq: int) -> None:
+        ok = True
+        for q in self.queues.values():
+            ok = q.wait_idle(30.0) and ok
+        for q in self.queues.values():
+            try:
+                q.exporter.flush(10.0)
+            except Exception:
+                pass
+        self.send(("flushed", seq, ok, self.stats()))
+
+    def stop(self, timeout_s: float, failure: tuple[str, str] | None = None) -> None:
+        deadline = time.monotonic() + timeout_s
+        if failure is not None:
+            for q in self.queues.values():
+                try:
+                    q.exporter.process_failed(*failure)
+                except Exception:
+                    pass
+        for q in self.queues.values():
+            q.wait_idle(max(0.0, deadline - time.monotonic()))
+        for q in self.queues.values():
+            q.request_stop()
+        for q in self.queues.values():
+            q.join(max(0.05, deadline - time.monotonic()))
+        for q in self.queues.values():
+            try:
+                q.exporter.flush(max(0.1, deadline - time.monotonic()))
+            except Exception:
+                pass
+        for q in self.queues.values():
+            try:
+                q.exporter.shutdown()
+            except Exception as exc:
+                _log.warning("otel-rl: exporter %r shutdown failed: %s", q.name, exc)
+        self.stop_event.set()
+        self.send(("stopped", self.stats()))
+
+    def serve(self) -> None:
+        stop_budget = 30.0
+        failure = None
+        while True:
+            try:
+                msg = _read(self.r)
+            except Exception as exc:
+                _log.error("otel-rl: export process: unreadable message (%s); stopping", exc)
+                msg = None
+            if msg is None:  # the trainer is gone: deliver what we have
+                break
+            kind = msg[0]
+            if kind == "batch":
+                self.put(msg[1], msg[2], msg[3])
+            elif kind == "flush":
+                threading.Thread(target=self.flush, args=(msg[1],), daemon=True).start()
+            elif kind == "routing":
+                q = self.queues.get(msg[1])
+                if q is not None:
+                    q.exporter.wants_trajectories = bool(msg[2])
+            elif kind == "stop":
+                stop_budget, failure = float(msg[1]), msg[2]
+                break
+            elif kind == "hello":
+                self.start(msg[1], msg[2], msg[3])
+        self.stop(stop_budget, failure)
+
+
+def main(argv: Sequence[str]) -> int:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the trainer stops us in order
+    r = os.fdopen(int(argv[0]), "rb", buffering=1 << 16)
+    w = os.fdopen(int(argv[1]), "wb", buffering=1 << 16)
+    _Server(r, w).serve()
+    w.close()
+    return 0
+
