@@ -81,7 +81,7 @@ class Config:
     spool_fsync: str = "batch"  # always | batch | never
     spool_exporters: str = "auto"  # auto (tracker exporters) | all | none | comma list of names
     export_process: str = "auto"  # auto/true: tracker exporters run in a child process | false: in-process
-    export_process_nice: int = 10  # the child's niceness increment: training keeps the CPU when both want it
+    export_process_nice: int = 19  # the child's niceness increment: training keeps the CPU when both want it
     set_global_provider: bool = False
     disabled: bool = False
     resource_attributes: dict[str, Any] = dataclasses.field(default_factory=dict)

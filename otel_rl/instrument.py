@@ -244,9 +244,8 @@ class trajectory:
             mode = UNSAMPLED
         st = self._st = TrajectoryState(mode, step_n, sample_index, rollout_n, validate, name)
         st.t0 = _time_ns()
-        if mode != OFF:
-            st.link = _link_target()
         if mode == SAMPLED:
+            st.link = _link_target()
             st.span = RT.tracer.start_span(name or sc.SPAN_TRAJECTORY, context=_EMPTY_CONTEXT,
                                            links=[Link(st.link)] if st.link is not None else None,
                                            attributes=st.attributes())
@@ -263,6 +262,7 @@ class trajectory:
                 _record_exception(st.span, ev)
             st.span.end()
         elif st.mode == UNSAMPLED and (ev is not None or st.errors):
+            st.link = _link_target()  # the same step and span are current as at __enter__
             _emit_kept_error(st, ev)
         elif RT.pipeline is not None and RT.pipeline.instruments is not None:
             # untraced: only its duration and outcome, for the metrics (when something reads them)
