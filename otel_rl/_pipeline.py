@@ -721,9 +721,14 @@ class Pipeline:
         if not marker.event.wait(max(0.0, deadline - time.monotonic())):
             return False
         ok = True
-        for q in self.queues:
-            ok = q.wait_idle(max(0.0, deadline - time.monotonic())) and ok
-        return ok
+        waited: set[int] = set()
+        while True:  # an export process that dies meanwhile hands its exporters to new queues
+            todo = [q for q in self.queues if id(q) not in waited]
+            if not todo:
+                return ok
+            for q in todo:
+                waited.add(id(q))
+                ok = q.wait_idle(max(0.0, deadline - time.monotonic())) and ok
 
     def shutdown(self, timeout_s: float = 30.0) -> None:
         """Deliver what was submitted, within `timeout_s` overall (not per exporter)."""
@@ -734,11 +739,17 @@ class Pipeline:
         self._worker.join(max(0.0, deadline - time.monotonic()))
         if self.remote is not None:
             self.remote.request_stop(max(0.0, deadline - time.monotonic()))
-        for q in self.queues:  # all at once: a failing exporter gives up (and counts) in parallel
-            q.request_stop()
-        for q in self.queues:
-            # a small floor lets a queue that was retrying make its last attempt and count the loss
-            q.join(max(0.05, deadline - time.monotonic()))
+        stopped: set[int] = set()
+        while True:  # again for queues that took over from an export process dying meanwhile
+            todo = [q for q in self.queues if id(q) not in stopped]
+            if not todo:
+                break
+            for q in todo:  # all at once: a failing exporter gives up (and counts) in parallel
+                q.request_stop()
+            for q in todo:
+                stopped.add(id(q))
+                # a small floor lets a queue that was retrying make its last attempt and count the loss
+                q.join(max(0.05, deadline - time.monotonic()))
 
     # -- worker side -----------------------------------------------------------------
     def _run(self) -> None:

@@ -16,7 +16,7 @@ Protocol (two pipes; frames are a 4-byte little-endian length and a pickle):
 
     trainer -> child   ("hello", config, [(name, wants_trajectories)], queue_size)
                        ("batch", seq, records, names)     records for these exporters
-                       ("flush", seq)                     reply when all up to seq is delivered
+                       ("flush", seq, timeout_s)          reply when all up to seq is delivered
                        ("routing", name, wants_trajectories)
                        ("stop", timeout_s, failure)       deliver, finish the tracker runs, exit
                                                           (failure: None, or the trainer's uncaught
@@ -259,18 +259,21 @@ class SidecarClient:
         deadline = time.monotonic() + timeout_s
         with self._cond:
             target = self._seq
-            if not self.alive:
-                return self._adopted.is_set()
-            if self._flushed >= target:
+            if self.alive and self._flushed >= target:
                 return True
-            self._out.append(("flush", target))
-            self._cond.notify_all()
+            if self.alive:
+                self._out.append(("flush", target, max(0.0, timeout_s)))
+                self._cond.notify_all()
             while self.alive and self._flushed < target:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
                 self._cond.wait(left)
-            return self._flushed >= target
+            if self._flushed >= target:
+                return True
+        # the child died: its exporters are being taken over in-process; the pipeline's flush
+        # then waits for the queues that took them (Pipeline.flush re-reads its queue list)
+        return self._adopted.wait(max(0.0, deadline - time.monotonic()))
 
     def request_stop(self, timeout_s: float | None = None) -> None:
         with self._cond:
@@ -463,13 +466,14 @@ class _Server:
                 q.put([], recs)
         self.received = seq
 
-    def flush(self, seq: int) -> None:
+    def flush(self, seq: int, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
         ok = True
         for q in self.queues.values():
-            ok = q.wait_idle(30.0) and ok
+            ok = q.wait_idle(max(0.0, deadline - time.monotonic())) and ok
         for q in self.queues.values():
             try:
-                q.exporter.flush(10.0)
+                q.exporter.flush(max(0.1, deadline - time.monotonic()))
             except Exception:
                 pass
         self.send(("flushed", seq, ok, self.stats()))
@@ -516,7 +520,7 @@ class _Server:
             if kind == "batch":
                 self.put(msg[1], msg[2], msg[3])
             elif kind == "flush":
-                threading.Thread(target=self.flush, args=(msg[1],), daemon=True).start()
+                threading.Thread(target=self.flush, args=(msg[1], float(msg[2])), daemon=True).start()
             elif kind == "routing":
                 q = self.queues.get(msg[1])
                 if q is not None:
@@ -534,6 +538,9 @@ def main(argv: Sequence[str]) -> int:
     r = os.fdopen(int(argv[0]), "rb", buffering=1 << 16)
     w = os.fdopen(int(argv[1]), "wb", buffering=1 << 16)
     _Server(r, w).serve()
-    w.close()
+    try:
+        w.close()
+    except (OSError, ValueError):  # the trainer is gone: what it would have read does not matter
+        pass
     return 0
 

@@ -1,0 +1,647 @@
+"""The export process (otel_rl/_sidecar.py): tracker exporters in a child process of the trainer.
+
+Real parts only: a real MLflow sqlite store, real offline wandb run files and real offline
+SwanLab logs, read back with the trackers' own readers and compared exactly.  Real processes:
+the export process is started, SIGKILLed and SIGINTed for real; trainers run as subprocesses
+where the test needs a fresh interpreter (``export_process=auto`` decides on `sys.modules`, and
+the pytest process imports mlflow, wandb and swanlab for the read-back), is killed, or crashes.
+
+Delivery after the export process died is *at least once*: the batches it had not confirmed
+are delivered again by the trainer, so a step around the kill may be in the store twice
+(MLflow keeps equal points once per call); no step may be missing.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import sys
+import textwrap
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("mlflow")
+pytest.importorskip("otel_rl_mlflow")
+pytest.importorskip("wandb")
+pytest.importorskip("otel_rl_wandb")
+pytest.importorskip("swanlab")
+pytest.importorskip("otel_rl_swanlab")
+
+from mlflow import MlflowClient  # noqa: E402
+from spool.spool_helpers import LineProcess, clean_env  # noqa: E402  (tests/ is on sys.path)
+from trackers.test_mlflow import (  # noqa: E402
+    CONFIG,
+    check_metrics,
+    check_params,
+    check_tables,
+    check_traces,
+    get_run,
+    sqlite_uri,  # noqa: F401  (module-scoped fixture: one sqlite database for this module)
+    traces_of,
+    workload,
+)
+from trackers.test_swanlab import _only_run, swan_env  # noqa: E402,F401  (swan_env: fixture)
+from trackers.test_wandb import (  # noqa: E402
+    VERL_CONFIG,
+    _assert_rows,
+    _expected,
+    _metric_rows,
+    _one_run,
+    _step_values,
+    wandb_dir,  # noqa: F401  (fixture)
+)
+
+import otel_rl  # noqa: E402
+import otel_rl_mlflow  # noqa: E402
+from otel_rl import semconv as sc  # noqa: E402
+from otel_rl._sidecar import RemoteExporter  # noqa: E402
+from otel_rl.config import resolve, scrub_secrets  # noqa: E402
+from otel_rl.testing import CaptureExporter  # noqa: E402
+from otel_rl_mlflow import MlflowExporter  # noqa: E402
+import otel_rl_wandb  # noqa: E402
+from otel_rl_wandb import WandbExporter  # noqa: E402
+
+NAN = float("nan")
+_started: list = []  # the export processes (Popen) started in this process by the tests of this module
+
+
+# ----------------------------------------------------------------------------- fixtures / helpers
+
+
+@pytest.fixture(scope="module")
+def store(sqlite_uri):  # noqa: F811
+    MlflowClient(sqlite_uri).search_experiments()  # create the schema once (MLflow's migrations take seconds)
+    return sqlite_uri
+
+
+@pytest.fixture(autouse=True)
+def _clean(monkeypatch, tmp_path):
+    """No otel-rl / MLflow settings from outside; the sqlite store's artifacts under tmp_path; afterwards
+    the current pipeline is shut down and no export process started here is left running."""
+    for k in list(os.environ):
+        if k.startswith("OTEL_RL_") or k in ("MLFLOW_RUN_ID", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_EXPERIMENT_ID"):
+            monkeypatch.delenv(k)
+    monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
+    monkeypatch.setenv("DO_NOT_TRACK", "true")
+    monkeypatch.chdir(tmp_path)
+    yield
+    try:
+        for proc in _started:  # a test that failed while its export process was SIGSTOPped
+            if proc.poll() is None and proc_state(proc.pid) == "T":
+                proc.kill()
+        h = otel_rl.current()
+        if h is not None:
+            h.shutdown(10)
+    finally:
+        while _started:
+            proc = _started.pop()
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+
+
+def start(**kw) -> otel_rl.Handle:
+    """otel_rl.init(); the export process's pid is remembered for the cleanup.
+
+    The export process runs at nice 0 unless a test asks otherwise: at the default niceness (+19) it gets
+    almost no CPU while other processes of this session (parallel test workers) keep the cores busy."""
+    kw.setdefault("export_process_nice", 0)
+    h = otel_rl.init(**kw)
+    if h._sidecar is not None:
+        _started.append(h._sidecar.proc)
+    return h
+
+
+def proc_state(pid: int) -> str | None:
+    """The state letter of proc(5) (R, S, T, Z ...), None when there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return None
+
+
+def pid_alive(pid: int) -> bool:
+    """The process exists and is not a zombie (an orphan's zombie may wait for a non-reaping pid 1)."""
+    return proc_state(pid) not in (None, "Z", "X")
+
+
+def wait_gone(pid: int, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while pid_alive(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def kill_pid(pid: int) -> None:
+    if pid_alive(pid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        wait_gone(pid, 10)
+
+
+def nice_of(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[16])  # field 19 of proc(5)
+
+
+def project(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def points(uri: str, name: str, key: str) -> list[tuple[int, float]]:
+    """(step, value) of every point of metric `key` in the (single) run of experiment `name`; [] when the
+    experiment or run does not exist yet."""
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(name)
+    if exp is None:
+        return []
+    runs = client.search_runs([exp.experiment_id])
+    if not runs:
+        return []
+    assert len(runs) == 1, [r.info.run_name for r in runs]
+    return sorted((m.step, m.value) for m in client.get_metric_history(runs[0].info.run_id, key))
+
+
+def step_values(n: int) -> dict:
+    return {"n": n, "half": n / 2, "nan": NAN, "neg": -0.1 * n}
+
+
+def assert_steps(uri: str, name: str, steps: range, *, exactly_once: bool = True) -> None:
+    """Every step of `steps` (logged with `step_values`) is in the store with its exact values."""
+    for key in ("n", "half", "nan", "neg"):
+        got = points(uri, name, key)
+        if exactly_once:
+            assert [s for s, _ in got] == list(steps), (key, got)
+        else:
+            assert sorted(set(s for s, _ in got)) == list(steps), (key, got)
+        for s, v in got:
+            want = float(step_values(s)[key])
+            assert (math.isnan(v) and math.isnan(want)) or v == want, (key, s, v, want)
+
+
+# ----------------------------------------------------------------------------- 1. same data either way
+
+
+def _mlflow_view(uri: str, name: str) -> dict:
+    """What is in the store for one project, without ids and times that differ between two runs."""
+    client = MlflowClient(uri)
+    exp, run = get_run(client, name)
+    metrics = {k: sorted(((m.step, m.value) for m in client.get_metric_history(run.info.run_id, k)),
+                         key=lambda p: (p[0], repr(p[1])))
+               for k in run.data.metrics}
+    traces = {}
+    for tr in traces_of(exp.experiment_id, run_id=run.info.run_id):
+        tags = {k: v for k, v in tr.info.tags.items() if k != "mlflow.artifactLocation"}  # names the trace id
+        key = (tr.info.tags["step"], tr.info.tags["sample_index"])
+        assert key not in traces
+        traces[key] = (tags, sorted((s.name, s.status.status_code.value) for s in tr.data.spans), tr.info.state.value)
+    return {"metrics": metrics, "params": dict(run.data.params), "status": run.info.status,
+            "name": run.info.run_name, "traces": traces}
+
+
+def test_out_of_process_and_in_process_exports_are_equal(store, monkeypatch):
+    """The same workload (metrics with ints/floats/NaN/±Inf, trajectories of op/generate/tool spans,
+    generations) through the export process and in-process: the same MLflow data, and in both
+    stores exactly what the core recorded."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
+    names = {}
+    for mode in ("true", "false"):
+        name = names[mode] = project(f"equal-{mode}")
+        cap = CaptureExporter()
+        h = start(config=CONFIG, project=name, experiment="grpo-1", exporters=["mlflow", cap],
+                  trace_backend="mlflow", batch_delay_s=0.05, export_process=mode)
+        cap.handle = h
+        mlflow_exp = next(e for e in h.exporters if getattr(e, "tracker_name", None) == "mlflow")
+        if mode == "true":
+            assert isinstance(mlflow_exp, RemoteExporter) and mlflow_exp.remote and h._sidecar is not None
+            assert mlflow_exp.wants_trajectories  # trace_backend=mlflow: trajectories go to the export process
+        else:
+            assert isinstance(mlflow_exp, MlflowExporter) and h._sidecar is None
+        workload(steps=3, samples=2)
+        assert h.flush(120), (mode, h.stats())
+        stats = h.stats()["exporters"]["mlflow"]
+        h.shutdown()
+        assert stats["dropped"] == 0 and stats["failed_attempts"] == 0 and stats["exported"] > 0, stats
+        if mode == "true":
+            assert h._sidecar.proc.returncode == 0
+        # each store holds exactly what the core recorded (values, timestamps, params, traces, tables)
+        client = MlflowClient(store)
+        exp, run = get_run(client, name)
+        assert run.info.status == "FINISHED" and run.data.tags[otel_rl_mlflow.RUN_ID_TAG] == h.run_id
+        check_params(run, CONFIG)
+        check_metrics(client, run, cap)
+        check_traces(run, exp.experiment_id, cap)
+        check_tables(client, run, exp.experiment_id)
+        inf = json.loads(run.data.tags[otel_rl_mlflow.INF_METRICS_TAG])
+        assert inf == {"inf/pos": {"count": 2, "+inf_steps": [1, 3]}, "inf/neg": {"count": 1, "-inf_steps": [2]}}
+
+    remote, local = _mlflow_view(store, names["true"]), _mlflow_view(store, names["false"])
+    assert set(remote["metrics"]) == set(local["metrics"]) and {"timing_s/gen", "nan/metric"} <= set(local["metrics"])
+    for key, want in local["metrics"].items():
+        got = remote["metrics"][key]
+        assert len(got) == len(want), key
+        if key.startswith(sc.TIMING_PREFIX):  # wall-clock durations: the same steps, values differ per run
+            assert [g[0] for g in got] == [w[0] for w in want]
+            continue
+        assert all(g[0] == w[0] and (g[1] == w[1] or (math.isnan(g[1]) and math.isnan(w[1])))
+                   for g, w in zip(got, want)), (key, got, want)
+    assert any(math.isnan(v) for _, v in remote["metrics"]["nan/metric"])
+    assert remote["params"] == local["params"] and len(remote["params"]) > 10
+    assert (remote["status"], remote["name"]) == (local["status"], local["name"]) == ("FINISHED", "grpo-1")
+    assert len(remote["traces"]) == len(local["traces"]) == 6
+    assert remote["traces"] == local["traces"]
+    tags, spans, state = remote["traces"][("2", "0")]  # the trajectory with the failed tool call
+    assert ("execute_tool calculator", "ERROR") in spans and state == "OK"
+    assert [n for n, _ in spans] == sorted([tags["mlflow.traceName"], "plan", "chat policy-7b",
+                                            "execute_tool calculator", "score"])
+    assert {k: tags[k] for k in ("step", "sample_index")} == {"step": "2", "sample_index": "0"}
+
+
+# ----------------------------------------------------------------------------- 2. flush and stats
+
+
+def test_flush_waits_for_the_export_process_and_stats_come_from_it(store, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
+    name = project("flush")
+    h = start(project=name, experiment="e", exporters=["mlflow"], batch_delay_s=0.05, export_process="true",
+              export_process_nice=3)
+    child = h._sidecar.proc
+    assert [type(e) for e in h.exporters] == [RemoteExporter]
+    for n in range(1, 6):
+        otel_rl.log(step_values(n), step=n)
+    assert h.flush(60) is True
+    assert nice_of(child.pid) == min(19, os.nice(0) + 3)  # the child lowered its priority (export_process_nice)
+    # delivered before shutdown: the run is still open in the export process
+    assert_steps(store, name, range(1, 6))
+    client = MlflowClient(store)
+    assert get_run(client, name)[1].info.status == "RUNNING"
+    stats = h.stats()["exporters"]["mlflow"]  # the export process's figures, as of its flush reply
+    assert stats["exported"] == 6 and stats["queued"] == 0 and stats["in_memory"] == 0, stats  # run start + 5 steps
+    assert stats["dropped"] == 0 and stats["failed_attempts"] == 0, stats
+
+    otel_rl.log(step_values(6), step=6)
+    assert h.flush(60) is True
+    assert_steps(store, name, range(1, 7))
+    assert h.stats()["exporters"]["mlflow"]["exported"] == 7
+    assert child.poll() is None
+    h.shutdown()
+    assert child.returncode == 0 and not pid_alive(child.pid)
+    assert get_run(client, name)[1].info.status == "FINISHED"
+    assert_steps(store, name, range(1, 7))
+
+
+# ----------------------------------------------------------------------------- trainer subprocesses
+
+
+TRAINER = textwrap.dedent("""
+    import json, os, sys, time
+    mode = sys.argv[1]
+    if mode == "imports-mlflow":
+        import mlflow  # the trainer uses MLflow itself: auto keeps the exporter in this process
+    import otel_rl
+
+    h = otel_rl.init(project=os.environ["PROJECT"], experiment="e", exporters=["mlflow"], batch_delay_s=0.05)
+    print(json.dumps({"event": "init", "exporters": [type(e).__name__ for e in h.exporters],
+                      "sidecar_pid": h._sidecar.pid if h._sidecar is not None else None,
+                      "mlflow_imported": "mlflow" in sys.modules}), flush=True)
+    steps = int(os.environ["STEPS"])
+
+    def log_steps(first, last):
+        for n in range(first, last + 1):
+            otel_rl.log({"n": n, "half": n / 2, "nan": float("nan"), "neg": -0.1 * n}, step=n)
+
+    log_steps(1, steps)
+    if mode in ("auto", "imports-mlflow"):
+        assert h.flush(60)
+        child_nice = None
+        if h._sidecar is not None:
+            with open(f"/proc/{h._sidecar.pid}/stat") as f:
+                child_nice = int(f.read().rsplit(")", 1)[1].split()[16])
+        print(json.dumps({"event": "flushed", "own_nice": os.nice(0), "child_nice": child_nice}), flush=True)
+        log_steps(steps + 1, 2 * steps)  # delivered at exit
+    if mode == "sigkill":
+        time.sleep(0.5)  # > batch_delay_s: every step was handed to the export process
+        print(json.dumps({"event": "ready"}), flush=True)
+        time.sleep(300)  # killed here
+    if mode == "dies-during-shutdown":
+        import signal, threading
+        assert h.flush(60)
+        pid = h._sidecar.pid
+        os.kill(pid, signal.SIGSTOP)  # the export process gets the next steps but cannot deliver them
+        log_steps(steps + 1, 2 * steps)
+        time.sleep(0.5)  # > batch_delay_s: handed to the export process
+        threading.Timer(0.5, os.kill, (pid, signal.SIGKILL)).start()  # it dies while shutdown() waits for it
+        h.shutdown()
+        print(json.dumps({"event": "shutdown"}), flush=True)
+    # the other modes end without shutdown(): otel-rl's atexit hook stops the pipeline
+""")
+
+
+def _trainer(tmp_path: Path, mode: str, name: str, steps: int, uri: str) -> LineProcess:
+    script = tmp_path / "trainer.py"
+    script.write_text(TRAINER, encoding="utf-8")
+    env = clean_env(MLFLOW_TRACKING_URI=uri, PROJECT=name, STEPS=str(steps))
+    assert not any(k.startswith("OTEL_RL_") for k in env)  # default settings: export_process=auto
+    return LineProcess([sys.executable, str(script), mode], env, tmp_path, f"trainer-{mode}")
+
+
+def test_auto_runs_mlflow_in_the_export_process_unless_the_trainer_imported_mlflow(store, tmp_path):
+    for mode in ("auto", "imports-mlflow"):
+        name = project(mode)
+        t = _trainer(tmp_path, mode, name, 4, store)
+        try:
+            init = t.wait_event(lambda e: e.get("event") == "init", 60)
+            flushed = t.wait_event(lambda e: e.get("event") == "flushed", 120)
+            assert t.wait(120) == 0, t.stderr()[-3000:]
+        finally:
+            t.kill()
+        if mode == "auto":
+            # the trainer never imported mlflow; the exporter ran in the export process, which has ended
+            assert init == {"event": "init", "exporters": ["RemoteExporter"], "sidecar_pid": init["sidecar_pid"],
+                            "mlflow_imported": False}
+            assert isinstance(init["sidecar_pid"], int) and wait_gone(init["sidecar_pid"], 10)
+            # ... at a lower priority than the trainer (export_process_nice, by default)
+            default_nice = resolve(env={}).export_process_nice
+            assert flushed["child_nice"] == min(19, flushed["own_nice"] + default_nice) > flushed["own_nice"]
+        else:
+            assert init == {"event": "init", "exporters": ["MlflowExporter"], "sidecar_pid": None,
+                            "mlflow_imported": True}
+            assert flushed["child_nice"] is None
+        assert_steps(store, name, range(1, 9))  # 1..4 delivered by flush(), 5..8 by the exit hook
+        exp, run = get_run(MlflowClient(store), name)
+        assert run.info.status == "FINISHED"
+
+
+def test_trainer_sigkilled_export_process_delivers_what_it_received_and_exits(store, tmp_path):
+    name, steps = project("trainer-killed"), 30
+    t = _trainer(tmp_path, "sigkill", name, steps, store)
+    child = None
+    try:
+        init = t.wait_event(lambda e: e.get("event") == "init", 60)
+        assert init["exporters"] == ["RemoteExporter"] and not init["mlflow_imported"]
+        child = init["sidecar_pid"]
+        t.wait_event(lambda e: e.get("event") == "ready", 60)
+        before = points(store, name, "n")
+        os.kill(t.proc.pid, signal.SIGKILL)  # the trainer only: the export process sees EOF on its pipe
+        assert t.wait(30) == -signal.SIGKILL
+        # the export process was still importing MLflow / writing when the trainer died ...
+        assert len(before) < steps, before
+        # ... and delivers everything it had received, then exits on its own
+        deadline = time.monotonic() + 60
+        while len(points(store, name, "n")) < steps and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert wait_gone(child, 60), "the export process did not exit after the trainer died"
+        assert_steps(store, name, range(1, steps + 1))
+        exp, run = get_run(MlflowClient(store), name)
+        assert run.info.status == "FINISHED"  # it also ended its tracker run in order
+    finally:
+        t.kill()  # the trainer's process group: also an export process still running
+        if child is not None:
+            kill_pid(child)
+
+
+def test_export_process_dying_during_shutdown_loses_nothing(store, tmp_path):
+    """The trainer (MLflow not imported there: auto) calls shutdown(); the export process dies while shutdown()
+    waits for it.  The trainer takes the exporter back, so every step must be in the store and the run ended."""
+    name, steps = project("shutdown-death"), 3
+    t = _trainer(tmp_path, "dies-during-shutdown", name, steps, store)
+    try:
+        t.wait_event(lambda e: e.get("event") == "shutdown", 90)
+        assert t.wait(60) == 0, t.stderr()[-3000:]
+    finally:
+        t.kill()
+    assert_steps(store, name, range(1, 2 * steps + 1), exactly_once=False)
+    exp, run = get_run(MlflowClient(store), name)
+    assert run.info.status == "FINISHED"
+
+
+# ----------------------------------------------------------------------------- 5. the export process dies
+
+
+def test_export_process_sigkilled_exporters_continue_in_the_trainer(store, monkeypatch, caplog):
+    """Batches the export process had received but not delivered (it is SIGSTOPped, then SIGKILLed) are
+    delivered again by the trainer, which recreates the exporter in-process; nothing is lost."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
+    name = project("child-killed")
+    h = start(project=name, experiment="e", exporters=["mlflow"], batch_delay_s=0.05, export_process="true")
+    client_ = h._sidecar
+    for n in range(1, 6):
+        otel_rl.log(step_values(n), step=n)
+    assert h.flush(60)
+    assert_steps(store, name, range(1, 6))
+    os.kill(client_.pid, signal.SIGSTOP)  # the export process can no longer deliver (nor confirm)
+    for n in range(6, 11):
+        otel_rl.log(step_values(n), step=n)
+    time.sleep(0.5)  # > batch_delay_s: steps 6..10 were handed to the export process (its pipe)
+    assert_steps(store, name, range(1, 6))  # ... and not delivered by it
+    os.kill(client_.pid, signal.SIGKILL)
+    for n in range(11, 14):  # logged while the trainer may not have noticed the death yet
+        otel_rl.log(step_values(n), step=n)
+    assert h.flush(60)  # waits for the takeover and the re-delivery
+    assert client_.proc.returncode == -signal.SIGKILL and not client_.alive
+    (mlflow_exp,) = h.exporters
+    assert isinstance(mlflow_exp, MlflowExporter) and not getattr(mlflow_exp, "remote", False)
+    assert "export process ended unexpectedly" in caplog.text
+    assert_steps(store, name, range(1, 14), exactly_once=False)  # delivered by the trainer before shutdown
+    for n in range(14, 16):  # after the takeover: straight to the in-process exporter
+        otel_rl.log(step_values(n), step=n)
+    assert h.flush(60)
+    stats = h.stats()["exporters"]["mlflow"]
+    assert stats["exported"] > 0 and stats["queued"] == 0 and stats["dropped"] == 0, stats
+    h.shutdown()
+    # at least once: every step is there; a batch the export process delivered but had not confirmed yet
+    # would be there twice (not the case here: it was stopped before it could deliver)
+    assert_steps(store, name, range(1, 16), exactly_once=False)
+    exp, run = get_run(MlflowClient(store), name)  # one run: the trainer's exporter re-attached to it
+    assert run.info.status == "FINISHED" and run.data.tags[otel_rl_mlflow.RUN_ID_TAG] == h.run_id
+
+
+def test_flush_in_progress_when_the_export_process_dies_waits_for_the_takeover(store, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
+    name = project("flush-death")
+    h = start(project=name, experiment="e", exporters=["mlflow"], batch_delay_s=0.05, export_process="true")
+    pid = h._sidecar.pid
+    for n in range(1, 4):
+        otel_rl.log(step_values(n), step=n)
+    assert h.flush(60)
+    os.kill(pid, signal.SIGSTOP)  # steps 4..6 reach it but are not delivered
+    for n in range(4, 7):
+        otel_rl.log(step_values(n), step=n)
+    killer = threading.Timer(0.5, os.kill, (pid, signal.SIGKILL))  # dies while flush() waits for it
+    killer.start()
+    try:
+        ok = h.flush(60)
+    finally:
+        killer.join()
+    assert ok, "flush() returned False although the trainer re-delivers the batches in-process"
+    assert_steps(store, name, range(1, 7), exactly_once=False)
+
+
+# ----------------------------------------------------------------------------- 6. crash -> SwanLab crashed
+
+
+SWAN_CRASH = textwrap.dedent("""
+    import json, sys, otel_rl
+    h = otel_rl.init(project="crash", experiment="remote", exporters=["swanlab"], batch_delay_s=5.0)
+    print(json.dumps({"exporters": [type(e).__name__ for e in h.exporters], "sidecar_pid": h._sidecar.pid,
+                      "swanlab_imported": "swanlab" in sys.modules}), flush=True)
+    for n in range(1, 4):
+        with otel_rl.step(n):
+            otel_rl.log({"x": float(n), "i": n, "nan": float("nan")}, step=n)
+        if n == 1:
+            otel_rl.flush()  # the SwanLab run is open in the export process before the failure
+    otel_rl.log_generations([("in", "out", 0.5)], step=3)
+    raise RuntimeError("boom")  # steps 2, 3 and the generations are still queued (batch delay 5 s)
+""")
+
+
+def test_uncaught_exception_in_the_trainer_marks_the_swanlab_run_crashed(swan_env, tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(SWAN_CRASH, encoding="utf-8")
+    env = clean_env(SWANLAB_LOG_DIR=str(swan_env), SWANLAB_ROOT=str(tmp_path / "swanroot"))
+    t = LineProcess([sys.executable, str(script)], env, tmp_path, "swan-crash")
+    try:
+        info = t.wait_event(lambda e: "exporters" in e, 60)
+        assert t.wait(120) == 1
+    finally:
+        t.kill()
+    assert info["exporters"] == ["RemoteExporter"] and info["swanlab_imported"] is False
+    assert wait_gone(info["sidecar_pid"], 10)
+    assert "RuntimeError: boom" in t.stderr()
+    r = _only_run(swan_env)
+    assert r.state == "RUN_STATE_CRASHED"
+    assert set(r.scalars) == {1, 2, 3}
+    for n in (1, 2, 3):
+        row = r.scalars[n]
+        assert set(row) == {"x", "i", "nan"} and row["x"] == float(n) and row["i"] == float(n), row
+        assert math.isnan(row["nan"])
+    assert r.table(sc.VAL_GENERATIONS_KEY, 3)["rows"] == [[3, "in", "out", 0.5]]
+
+
+# ----------------------------------------------------------------------------- 7. wandb
+
+
+def test_wandb_through_the_export_process(wandb_dir):  # noqa: F811
+    h = start(config=VERL_CONFIG, project="otel-rl-test", experiment="remote", exporters=["wandb"],
+              batch_delay_s=0.05, export_process="true")
+    (wb,) = h.exporters
+    assert isinstance(wb, RemoteExporter) and wb.exporter_class is WandbExporter
+    child = h._sidecar.proc
+    expected = {}
+    for n in (1, 2, 3):
+        first, second = _step_values(n)
+        otel_rl.log(first, step=n)
+        otel_rl.log(second, step=n)
+        expected[n] = _expected(n)
+        assert h.flush(60)
+    otel_rl.log_generations([("问题", "答案", 1.0), ("q2", "a2", 0.5)], step=3)
+    h.shutdown()
+    assert child.returncode == 0
+    stats = h.stats()["exporters"]["wandb"]
+    assert stats["exported"] > 0 and stats["dropped"] == 0 and stats["failed_attempts"] == 0, stats
+
+    data = _one_run(wandb_dir, h.run_id)
+    assert (data.project, data.display_name) == ("otel-rl-test", "remote")
+    assert data.config == scrub_secrets(VERL_CONFIG)
+    assert [r[otel_rl_wandb.STEP_METRIC] for r in _metric_rows(data)] == [1, 2, 3]  # one row per step
+    _assert_rows(data, expected)
+    table = data.table(sc.VAL_GENERATIONS_KEY)
+    assert table["data"] == [[3, "问题", "答案", 1, "q2", "a2", 0.5]]
+
+
+# ----------------------------------------------------------------------------- 8. config
+
+
+@pytest.mark.parametrize("given,want", [
+    ("auto", "auto"), ("AUTO", "auto"), (" Auto ", "auto"), ("true", "true"), ("TRUE", "true"), ("1", "true"),
+    ("yes", "true"), ("Yes", "true"), (True, "true"), ("false", "false"), ("False", "false"), ("0", "false"),
+    ("no", "false"), ("NO", "false"), (False, "false"),
+])
+def test_export_process_setting_is_parsed(given, want):
+    assert resolve(export_process=given).export_process == want
+    if isinstance(given, str):
+        assert resolve(env={"OTEL_RL_EXPORT_PROCESS": given}).export_process == want
+        other = "false" if want != "false" else "true"
+        assert resolve(env={"OTEL_RL_EXPORT_PROCESS": given}, export_process=other).export_process == other
+
+
+def test_export_process_settings_defaults_errors_and_nice():
+    cfg = resolve(env={})
+    # auto by default; by default the export process runs at a lower priority (the niceness it really gets is
+    # checked in test_auto_runs_mlflow_in_the_export_process_unless_the_trainer_imported_mlflow)
+    assert cfg.export_process == "auto"
+    assert type(cfg.export_process_nice) is int and 0 < cfg.export_process_nice <= 19
+    assert resolve(export_process_nice="3").export_process_nice == 3
+    assert resolve(env={"OTEL_RL_EXPORT_PROCESS_NICE": "15"}).export_process_nice == 15
+    assert resolve(env={"OTEL_RL_EXPORT_PROCESS_NICE": "15"}, export_process_nice=0).export_process_nice == 0
+    for bad in ("maybe", "2", "sometimes"):
+        with pytest.raises(otel_rl.ConfigError, match="export_process"):
+            resolve(export_process=bad)
+        with pytest.raises(otel_rl.ConfigError, match="export_process \\(from env OTEL_RL_EXPORT_PROCESS\\)"):
+            resolve(env={"OTEL_RL_EXPORT_PROCESS": bad})
+    with pytest.raises(otel_rl.ConfigError, match="export_process_nice"):
+        resolve(export_process_nice="high")
+    with pytest.raises(otel_rl.ConfigError, match="export_process_nice"):
+        resolve(env={"OTEL_RL_EXPORT_PROCESS_NICE": "x"})
+    # init() validates before anything starts: no pipeline, no export process
+    with pytest.raises(otel_rl.ConfigError, match="export_process"):
+        otel_rl.init(exporters=["mlflow"], export_process="perhaps")
+    assert otel_rl.current() is None
+
+
+def test_export_process_setting_decides_where_the_exporter_runs(store, monkeypatch):
+    """From the environment and from kwargs; the pytest process has mlflow imported, so auto keeps it here."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
+    assert "mlflow" in sys.modules
+    cases = [({"OTEL_RL_EXPORT_PROCESS": "Yes"}, {}, True),
+             ({"OTEL_RL_EXPORT_PROCESS": "yes"}, {"export_process": "0"}, False),  # the kwarg wins
+             ({}, {}, False),  # auto, and mlflow is imported here
+             ({"OTEL_RL_EXPORT_PROCESS": "off"}, {}, False)]
+    for env, kw, remote in cases:
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        name = project("where")
+        h = start(project=name, experiment="e", exporters=["mlflow"], batch_delay_s=0.05, **kw)
+        (e,) = h.exporters
+        assert isinstance(e, RemoteExporter if remote else MlflowExporter), (env, kw)
+        assert (h._sidecar is not None) == remote
+        otel_rl.log(step_values(1), step=1)
+        h.shutdown()
+        assert_steps(store, name, range(1, 2))
+        for k in env:
+            monkeypatch.delenv(k)
+
+
+# ----------------------------------------------------------------------------- 9. SIGINT
+
+
+def test_export_process_ignores_sigint(store, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
+    name = project("sigint")
+    h = start(project=name, experiment="e", exporters=["mlflow"], batch_delay_s=0.05, export_process="true")
+    child = h._sidecar.proc
+    for n in range(1, 4):
+        otel_rl.log(step_values(n), step=n)
+    assert h.flush(60)
+    os.kill(child.pid, signal.SIGINT)  # what a Ctrl-C in the terminal sends to the whole process group
+    time.sleep(0.5)
+    assert child.poll() is None and pid_alive(child.pid)
+    for n in range(4, 7):
+        otel_rl.log(step_values(n), step=n)
+    assert h.flush(60)
+    assert_steps(store, name, range(1, 7))  # delivered by the same export process: exactly once
+    assert child.poll() is None and h._sidecar.alive
+    assert [type(e) for e in h.exporters] == [RemoteExporter]  # no takeover happened
+    h.shutdown()
+    assert child.returncode == 0
