@@ -10,7 +10,8 @@ fresh output directory):
 
 - **on**: ``trainer.logger=["console","mlflow","file","wandb","swanlab"]``, trajectories traced to
   MLflow (``trace.backend=mlflow``, token2text) at ``max_samples_per_step_per_worker=4``;
-  wandb and swanlab offline.
+  wandb and swanlab offline.  The tracker exporters run in the export process (``export_process``
+  auto: the demo's training process does not import their libraries).
 - **off**: ``trainer.logger=[]`` and ``actor_rollout_ref.rollout.trace.backend=null``: no
   exporter, tracing off (``otel_rl.init`` still runs; every decorator takes its disabled path).
 
