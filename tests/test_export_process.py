@@ -18,6 +18,7 @@ import math
 import os
 import signal
 import sys
+from typing import Any
 import textwrap
 import threading
 import time
@@ -467,14 +468,20 @@ def test_export_process_sigkilled_exporters_continue_in_the_trainer(store, monke
     assert run.info.status == "FINISHED" and run.data.tags[otel_rl_mlflow.RUN_ID_TAG] == h.run_id
 
 
-def test_flush_in_progress_when_the_export_process_dies_waits_for_the_takeover(store, monkeypatch):
+def _three_steps_delivered(store: str, monkeypatch: Any, label: str) -> tuple[Any, str]:
+    """An MLflow exporter in the export process that has delivered steps 1..3 (flushed)."""
     monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
-    name = project("flush-death")
+    name = project(label)
     h = start(project=name, experiment="e", exporters=["mlflow"], batch_delay_s=0.05, export_process="true")
-    pid = h._sidecar.pid
     for n in range(1, 4):
         otel_rl.log(step_values(n), step=n)
     assert h.flush(60)
+    return h, name
+
+
+def test_flush_in_progress_when_the_export_process_dies_waits_for_the_takeover(store, monkeypatch):
+    h, name = _three_steps_delivered(store, monkeypatch, "flush-death")
+    pid = h._sidecar.pid
     os.kill(pid, signal.SIGSTOP)  # steps 4..6 reach it but are not delivered
     for n in range(4, 7):
         otel_rl.log(step_values(n), step=n)
@@ -627,13 +634,8 @@ def test_export_process_setting_decides_where_the_exporter_runs(store, monkeypat
 
 
 def test_export_process_ignores_sigint(store, monkeypatch):
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
-    name = project("sigint")
-    h = start(project=name, experiment="e", exporters=["mlflow"], batch_delay_s=0.05, export_process="true")
+    h, name = _three_steps_delivered(store, monkeypatch, "sigint")
     child = h._sidecar.proc
-    for n in range(1, 4):
-        otel_rl.log(step_values(n), step=n)
-    assert h.flush(60)
     os.kill(child.pid, signal.SIGINT)  # what a Ctrl-C in the terminal sends to the whole process group
     time.sleep(0.5)
     assert child.poll() is None and pid_alive(child.pid)
