@@ -18,11 +18,11 @@ import math
 import os
 import signal
 import sys
-from typing import Any
 import textwrap
 import threading
 import time
 import uuid
+from typing import Any
 from pathlib import Path
 
 import pytest
