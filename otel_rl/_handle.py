@@ -19,6 +19,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from . import semconv as sc
 from ._instruments import Instruments, views
+from ._lightspan import LightTracer
 from ._pipeline import GenerationsItem, LogItem, Pipeline, make_span_processor
 from ._runtime import RT, STEP
 from ._sidecar import IN_EXPORT_PROCESS as _IN_EXPORT_PROCESS
@@ -77,6 +78,10 @@ class Handle:
         self.tracer_provider = TracerProvider(resource=self.resource)
         self.tracer_provider.add_span_processor(make_span_processor(self._pipeline))
         self.tracer = self.tracer_provider.get_tracer("otel_rl", __version__)
+        # trajectory and op spans: light spans ending into the provider's span processors
+        processors = getattr(self.tracer_provider, "_active_span_processor", None)
+        self.light = LightTracer(processors.on_end if processors is not None else self._pipeline.submit,
+                                 self.resource, scope)
         self.sampler = Sampler(cfg.run_id, cfg.max_samples)
         self.tokenizer = tokenizer
         self._emit_run_start()
@@ -433,6 +438,7 @@ def init(config: Any = None, *, overrides: Sequence[str] | None = None, tokenize
         handle = Handle(cfg, built, tokenizer)
         RT.handle = handle
         RT.tracer = handle.tracer
+        RT.light = handle.light
         RT.tracing = handle.tracing
         RT.pipeline = handle._pipeline
         RT.sampler = handle.sampler

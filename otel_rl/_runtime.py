@@ -12,8 +12,8 @@ def _same_in_this_process(name: str) -> Any:
 
 
 class Runtime:
-    __slots__ = ("handle", "tracer", "tracing", "pipeline", "sampler", "max_chars", "token2text", "tokenizer",
-                 "experiment")
+    __slots__ = ("handle", "tracer", "light", "tracing", "pipeline", "sampler", "max_chars", "token2text",
+                 "tokenizer", "experiment")
 
     def __init__(self) -> None:
         self.reset()
@@ -21,6 +21,7 @@ class Runtime:
     def reset(self) -> None:
         self.handle: Any = None
         self.tracer: Any = None
+        self.light: Any = None  # otel_rl._lightspan.LightTracer: trajectory and op spans
         self.tracing = False
         self.pipeline: Any = None
         self.sampler: Any = None

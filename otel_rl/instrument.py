@@ -246,9 +246,8 @@ class trajectory:
         st.t0 = _time_ns()
         if mode == SAMPLED:
             st.link = _link_target()
-            st.span = RT.tracer.start_span(name or sc.SPAN_TRAJECTORY, context=_EMPTY_CONTEXT,
-                                           links=[Link(st.link)] if st.link is not None else None,
-                                           attributes=st.attributes())
+            st.span = RT.light.start(name or sc.SPAN_TRAJECTORY, None, st.attributes(),
+                                     [Link(st.link)] if st.link is not None else None)
             st.ctx_token = otel_context.attach(trace_api.set_span_in_context(st.span, _EMPTY_CONTEXT))
         st.var_token = TRAJECTORY.set(st)
         return st
@@ -367,7 +366,8 @@ def _start_op_span(meta: _OpMeta, args: tuple, kwargs: dict) -> Any:
             if v is not None:
                 attrs[sc.GEN_AI_TOOL_CALL_ID] = str(v)
                 break
-    return RT.tracer.start_span(meta.name, attributes=attrs)
+    parent = trace_api.get_current_span().get_span_context()
+    return RT.light.start(meta.name, parent if parent.is_valid else None, attrs)
 
 
 def _usage_from(result: Any) -> tuple[int | None, int | None]:

@@ -1,0 +1,188 @@
+"""Light recording spans for trajectories and ops.
+
+A sampled trajectory makes a root span and one span per op; with many rollouts traced
+per step that is hundreds of spans per step on the training thread.  The SDK's `Span`
+pays for what otel-rl does not use there (its sampler — every span under a sampled
+trajectory is kept —, locks, bounded attribute containers and a copy into a
+`ReadableSpan` at the end).  `LightSpan` implements the `opentelemetry.trace.Span` API
+(attributes, events, links, status, exceptions recorded as the SDK records them,
+`is_recording`) and, when it ends, hands one SDK `ReadableSpan` to the provider's span
+processors — what every exporter and test already consumes.
+
+Attributes set by user code (`annotate`, ``get_current_span().set_attribute``) are
+validated by OpenTelemetry's own rules; otel-rl's own attributes are built valid.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from opentelemetry import trace as trace_api
+from opentelemetry.sdk.trace import Event, ReadableSpan
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+
+try:  # OpenTelemetry's own attribute check (drops invalid values with a warning)
+    from opentelemetry.attributes import _clean_attribute
+except ImportError:  # pragma: no cover - moved in some future API version
+    _clean_attribute = None
+
+_log = logging.getLogger("otel_rl")
+_time_ns = time.time_ns
+_bits = random.getrandbits
+_FLAGS = TraceFlags(TraceFlags.SAMPLED)
+_UNSET = Status(StatusCode.UNSET)
+_INTERNAL = SpanKind.INTERNAL
+
+
+def new_span_id() -> int:
+    sid = _bits(64)
+    while not sid:  # pragma: no cover - 1 in 2**64
+        sid = _bits(64)
+    return sid
+
+
+def new_trace_id() -> int:
+    tid = _bits(128)
+    while not tid:  # pragma: no cover
+        tid = _bits(128)
+    return tid
+
+
+def _clean(key: str, value: Any) -> Any:
+    if _clean_attribute is None:
+        return value
+    return _clean_attribute(key, value, None)
+
+
+class LightSpan(trace_api.Span):
+    """A recording span that becomes a `ReadableSpan` when it ends (see module doc)."""
+
+    __slots__ = ("_name", "_context", "_parent", "_attributes", "_events", "_links", "_status", "_start",
+                 "_end", "_sink", "_resource", "_scope")
+
+    def __init__(self, name: str, context: SpanContext, parent: SpanContext | None, attributes: dict[str, Any],
+                 links: Sequence[Link] | None, start: int, sink: Callable[[ReadableSpan], None], resource: Any,
+                 scope: Any):
+        self._name = name
+        self._context = context
+        self._parent = parent
+        self._attributes = attributes  # otel-rl's own: valid by construction (not copied)
+        self._events: list[Event] | None = None
+        self._links = list(links) if links else None
+        self._status = _UNSET
+        self._start = start
+        self._end: int | None = None
+        self._sink = sink
+        self._resource = resource
+        self._scope = scope
+
+    # -- the Span API -------------------------------------------------------------------------
+    def get_span_context(self) -> SpanContext:
+        return self._context
+
+    def is_recording(self) -> bool:
+        return self._end is None
+
+    def set_attribute(self, key: str, value: Any) -> None:
+        if self._end is not None:
+            return
+        v = _clean(key, value)
+        if v is not None:
+            self._attributes[key] = v
+
+    def set_attributes(self, attributes: Mapping[str, Any]) -> None:
+        for k, v in attributes.items():
+            self.set_attribute(k, v)
+
+    def add_event(self, name: str, attributes: Mapping[str, Any] | None = None,
+                  timestamp: int | None = None) -> None:
+        if self._end is not None:
+            return
+        clean = {}
+        for k, v in (attributes or {}).items():
+            v = _clean(k, v)
+            if v is not None:
+                clean[k] = v
+        if self._events is None:
+            self._events = []
+        self._events.append(Event(name, clean, timestamp if timestamp is not None else _time_ns()))
+
+    def add_link(self, context: SpanContext, attributes: Mapping[str, Any] | None = None) -> None:
+        if self._end is not None or context is None or not context.is_valid:
+            return
+        if self._links is None:
+            self._links = []
+        self._links.append(Link(context, dict(attributes) if attributes else None))
+
+    def update_name(self, name: str) -> None:
+        if self._end is None:
+            self._name = name
+
+    def set_status(self, status: Status | StatusCode, description: str | None = None) -> None:
+        # as the SDK: OK is final, UNSET is ignored
+        if self._end is not None or self._status.status_code is StatusCode.OK:
+            return
+        if isinstance(status, Status):
+            if status.status_code is not StatusCode.UNSET:
+                self._status = status
+        elif isinstance(status, StatusCode) and status is not StatusCode.UNSET:
+            self._status = Status(status, description)
+
+    def record_exception(self, exception: BaseException, attributes: Mapping[str, Any] | None = None,
+                         timestamp: int | None = None, escaped: bool = False) -> None:
+        # the event the SDK records (OpenTelemetry's exception semantic conventions)
+        module = type(exception).__module__
+        qualname = type(exception).__qualname__
+        attrs = {
+            "exception.type": f"{module}.{qualname}" if module and module != "builtins" else qualname,
+            "exception.message": str(exception),
+            "exception.stacktrace": "".join(traceback.format_exception(exception)),
+            "exception.escaped": str(escaped),
+        }
+        if attributes:
+            attrs.update(attributes)
+        self.add_event("exception", attrs, timestamp)
+
+    def end(self, end_time: int | None = None) -> None:
+        if self._end is not None:
+            return
+        self._end = end_time if end_time is not None else _time_ns()
+        span = ReadableSpan(
+            name=self._name, context=self._context, parent=self._parent, resource=self._resource,
+            attributes=self._attributes, events=tuple(self._events) if self._events else (),
+            links=tuple(self._links) if self._links else (), kind=_INTERNAL, status=self._status,
+            start_time=self._start, end_time=self._end, instrumentation_scope=self._scope)
+        try:
+            self._sink(span)
+        except Exception:  # pragma: no cover - a span processor failing must not reach the caller
+            _log.exception("otel-rl: span processor failed")
+
+    def __repr__(self) -> str:
+        return f"LightSpan({self._name!r}, span_id={self._context.span_id:016x})"
+
+
+class LightTracer:
+    """Starts `LightSpan`s for one handle: its resource, scope and span processors."""
+
+    __slots__ = ("sink", "resource", "scope")
+
+    def __init__(self, sink: Callable[[ReadableSpan], None], resource: Any, scope: Any):
+        self.sink = sink
+        self.resource = resource
+        self.scope = scope
+
+    def start(self, name: str, parent: SpanContext | None, attributes: dict[str, Any],
+              links: Sequence[Link] | None = None, start_time: int | None = None) -> LightSpan:
+        """A span under `parent` (same trace), or the root of a new trace when `parent` is None."""
+        if parent is not None and parent.is_valid:
+            ctx = SpanContext(parent.trace_id, new_span_id(), False, _FLAGS)
+        else:
+            parent = None
+            ctx = SpanContext(new_trace_id(), new_span_id(), False, _FLAGS)
+        return LightSpan(name, ctx, parent, attributes, links, start_time if start_time is not None else _time_ns(),
+                         self.sink, self.resource, self.scope)
