@@ -4,8 +4,9 @@ Cost model.  With tracing off (no exporter consumes spans, `trace=False`, or an
 unsampled trajectory) an `op` is one attribute read and one context-variable
 read before calling through; an unsampled trajectory additionally wraps the call
 in try/except so that an error is never lost (a trajectory that ends in an error
-is always kept).  With tracing on, an op costs one SDK span plus the JSON of
-its arguments and result.  Everything else happens in the export thread.
+is always kept).  With tracing on, an op costs one light span (`_lightspan`)
+plus the JSON of its arguments and result.  Everything else happens in the
+export thread.
 """
 
 from __future__ import annotations
