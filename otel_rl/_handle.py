@@ -20,7 +20,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from . import semconv as sc
 from ._instruments import Instruments, views
 from ._lightspan import LightTracer
-from ._pipeline import GenerationsItem, LogItem, Pipeline, make_span_processor
+from ._pipeline import GenerationsItem, LogItem, Pipeline, make_span_processor, records_for
 from ._runtime import RT, STEP
 from ._sidecar import IN_EXPORT_PROCESS as _IN_EXPORT_PROCESS
 from ._sidecar import SidecarClient
@@ -28,7 +28,6 @@ from ._values import coerce_metrics, warn_once
 from .config import Config, resolve, scrub_secrets
 from .exporters import registry
 from .exporters.base import Exporter
-from .records import Trajectory
 from .sampling import Sampler
 from .serialize import to_json
 
@@ -95,20 +94,16 @@ class Handle:
             e.wants_trajectories = stub.wants_trajectories
             made[stub.name] = e
         queues = self._pipeline.adopt(client, list(made.values()))
-        for _, records, names in unsettled:
-            for n in names:
-                q = queues.get(n)
-                if q is not None:
-                    recs = [r for r in records if not isinstance(r, Trajectory) or q.exporter.wants_trajectories]
-                    if recs:
-                        q.put([], recs)
 
         def fallback(records: list, names: Sequence[str]) -> None:
             for n in names:
                 q = queues.get(n)
-                if q is not None:
-                    q.put([], [r for r in records if not isinstance(r, Trajectory) or q.exporter.wants_trajectories])
+                recs = records_for(q.exporter, records) if q is not None else None
+                if recs:
+                    q.put([], recs)
 
+        for _, records, names in unsettled:
+            fallback(records, names)
         client.fallback = fallback
         with self._lock:
             self.exporters = [made.get(e.name, e) if getattr(e, "remote", False) else e for e in self.exporters]

@@ -146,6 +146,8 @@ class DeliveryQueue:
     memory queue.  Without a spool, an overflowing queue drops its oldest batch (counted).
     """
 
+    remote = False  # see otel_rl._sidecar.RemoteQueue
+
     def __init__(self, exporter: Any, max_items: int, backoff_max_s: float = 30.0, *,
                  spool: Any = None, config: Any = None):
         self.exporter = exporter
@@ -825,11 +827,10 @@ class Pipeline:
         for q in self.queues:
             if only is not None and q.name not in only:
                 continue
-            if q.__class__ is not DeliveryQueue and getattr(q, "remote", False):
+            if q.remote:
                 continue
             exp = q.exporter
-            recs = [r for r in records if not isinstance(r, Trajectory) or exp.wants_trajectories] \
-                if exp.wants_records or exp.wants_trajectories else []
+            recs = records_for(exp, records) if exp.wants_records or exp.wants_trajectories else []
             q.put(list(spans) if exp.wants_spans else [], recs)
 
     def _new_context(self, parent: SpanContext | None) -> SpanContext:
@@ -878,6 +879,13 @@ class Pipeline:
         from ._token2text import decode_spans
 
         return decode_spans(spans, self.pending_decode, self.config.max_value_chars)
+
+
+def records_for(exporter: Any, records: Sequence[Record]) -> list[Record]:
+    """The records of a batch that `exporter` takes (a new list): trajectories only when it wants them."""
+    if exporter.wants_trajectories:
+        return list(records)
+    return [r for r in records if not isinstance(r, Trajectory)]
 
 
 def _as_double(v: Any) -> float:

@@ -51,7 +51,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ._pipeline import DeliveryQueue, ExporterStats
+from ._pipeline import DeliveryQueue, ExporterStats, records_for
 from .exporters.base import Exporter
 from .records import Trajectory
 
@@ -460,8 +460,7 @@ class _Server:
                 if n in self.errors:
                     self._dropped_failed[n] = self._dropped_failed.get(n, 0) + len(records)
                 continue
-            exp = q.exporter
-            recs = records if exp.wants_trajectories else [r for r in records if not isinstance(r, Trajectory)]
+            recs = records_for(q.exporter, records)
             if recs:
                 q.put([], recs)
         self.received = seq
