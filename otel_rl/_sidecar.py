@@ -435,6 +435,14 @@ class _Server:
                 os.nice(nice)  # also inherited by what the trackers start (wandb's service process)
             except OSError:
                 pass
+        if getattr(config, "export_process_idle", False) and hasattr(os, "SCHED_IDLE"):
+            try:
+                # the idle class: a CPU that runs only this process counts as free for the trainer's
+                # threads, which then never queue behind it; inherited by the threads and processes
+                # started from here (the exporters' threads, wandb's service)
+                os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+            except OSError:
+                pass
 
         ready = {}
         for name, wants_trajectories in exporters:

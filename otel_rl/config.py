@@ -82,6 +82,7 @@ class Config:
     spool_exporters: str = "auto"  # auto (tracker exporters) | all | none | comma list of names
     export_process: str = "auto"  # auto/true: tracker exporters run in a child process | false: in-process
     export_process_nice: int = 19  # the child's niceness increment: training keeps the CPU when both want it
+    export_process_idle: bool = True  # Linux: the child runs under SCHED_IDLE (only CPU time nothing else wants)
     set_global_provider: bool = False
     disabled: bool = False
     resource_attributes: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -119,6 +120,7 @@ ENV_KEYS: dict[str, str] = {
     "OTEL_RL_SPOOL_EXPORTERS": "spool_exporters",
     "OTEL_RL_EXPORT_PROCESS": "export_process",
     "OTEL_RL_EXPORT_PROCESS_NICE": "export_process_nice",
+    "OTEL_RL_EXPORT_PROCESS_IDLE": "export_process_idle",
     "OTEL_EXPORTER_PROMETHEUS_HOST": "prometheus_host",
     "OTEL_EXPORTER_PROMETHEUS_PORT": "prometheus_port",
 }
@@ -333,7 +335,7 @@ def _as_names(name: str, v: Any) -> tuple[str, ...]:
 
 def _coerce(field: str, v: Any, source: str) -> Any:
     label = f"{field} (from {source})"
-    if field in ("token2text", "set_global_provider", "disabled"):
+    if field in ("token2text", "set_global_provider", "disabled", "export_process_idle"):
         return _as_bool(label, v)
     if field == "tracing":
         return None if v is None else _as_bool(label, v)

@@ -110,9 +110,10 @@ def _clean(monkeypatch, tmp_path):
 def start(**kw) -> otel_rl.Handle:
     """otel_rl.init(); the export process's pid is remembered for the cleanup.
 
-    The export process runs at nice 0 unless a test asks otherwise: at the default niceness (+19) it gets
-    almost no CPU while other processes of this session (parallel test workers) keep the cores busy."""
+    The export process runs at nice 0 in the normal scheduling class unless a test asks otherwise: at the
+    defaults (+19, SCHED_IDLE) it gets almost no CPU while other processes keep the cores busy."""
     kw.setdefault("export_process_nice", 0)
+    kw.setdefault("export_process_idle", False)
     h = otel_rl.init(**kw)
     if h._sidecar is not None:
         _started.append(h._sidecar.proc)
@@ -283,6 +284,7 @@ def test_flush_waits_for_the_export_process_and_stats_come_from_it(store, monkey
         otel_rl.log(step_values(n), step=n)
     assert h.flush(60) is True
     assert nice_of(child.pid) == min(19, os.nice(0) + 3)  # the child lowered its priority (export_process_nice)
+    assert os.sched_getscheduler(child.pid) == os.SCHED_OTHER  # export_process_idle=False
     # delivered before shutdown: the run is still open in the export process
     assert_steps(store, name, range(1, 6))
     client = MlflowClient(store)
@@ -325,11 +327,13 @@ TRAINER = textwrap.dedent("""
     log_steps(1, steps)
     if mode in ("auto", "imports-mlflow"):
         assert h.flush(60)
-        child_nice = None
+        child_nice = child_policy = None
         if h._sidecar is not None:
             with open(f"/proc/{h._sidecar.pid}/stat") as f:
                 child_nice = int(f.read().rsplit(")", 1)[1].split()[16])
-        print(json.dumps({"event": "flushed", "own_nice": os.nice(0), "child_nice": child_nice}), flush=True)
+            child_policy = os.sched_getscheduler(h._sidecar.pid)
+        print(json.dumps({"event": "flushed", "own_nice": os.nice(0), "child_nice": child_nice,
+                          "child_policy": child_policy, "own_policy": os.sched_getscheduler(0)}), flush=True)
         log_steps(steps + 1, 2 * steps)  # delivered at exit
     if mode == "sigkill":
         time.sleep(0.5)  # > batch_delay_s: every step was handed to the export process
@@ -375,6 +379,8 @@ def test_auto_runs_mlflow_in_the_export_process_unless_the_trainer_imported_mlfl
             # ... at a lower priority than the trainer (export_process_nice, by default)
             default_nice = resolve(env={}).export_process_nice
             assert flushed["child_nice"] == min(19, flushed["own_nice"] + default_nice) > flushed["own_nice"]
+            # ... in the idle scheduling class (export_process_idle); the trainer keeps its own
+            assert flushed["child_policy"] == os.SCHED_IDLE and flushed["own_policy"] == os.SCHED_OTHER
         else:
             assert init == {"event": "init", "exporters": ["MlflowExporter"], "sidecar_pid": None,
                             "mlflow_imported": True}
@@ -597,6 +603,11 @@ def test_export_process_settings_defaults_errors_and_nice():
             resolve(export_process=bad)
         with pytest.raises(otel_rl.ConfigError, match="export_process \\(from env OTEL_RL_EXPORT_PROCESS\\)"):
             resolve(env={"OTEL_RL_EXPORT_PROCESS": bad})
+    assert cfg.export_process_idle is True
+    assert resolve(env={"OTEL_RL_EXPORT_PROCESS_IDLE": "false"}).export_process_idle is False
+    assert resolve(export_process_idle="0").export_process_idle is False
+    with pytest.raises(otel_rl.ConfigError, match="export_process_idle"):
+        resolve(env={"OTEL_RL_EXPORT_PROCESS_IDLE": "lazy"})
     with pytest.raises(otel_rl.ConfigError, match="export_process_nice"):
         resolve(export_process_nice="high")
     with pytest.raises(otel_rl.ConfigError, match="export_process_nice"):

@@ -40,7 +40,7 @@ from otel_rl import semconv as sc
 from otel_rl.exporters.tracker import TrackerExporter, flatten_config
 from otel_rl.records import Generations, RunIdentity, RunStart, StepMetrics, Trajectory
 
-from . import _traces
+from . import _bulk, _traces
 from ._keys import (
     MAX_EXPERIMENT_NAME_CHARS,
     MAX_KEY_CHARS,
@@ -174,6 +174,7 @@ class MlflowExporter(TrackerExporter):
         self._progress: dict[tuple, int] = {}  # chunks of a failed write already delivered
         self._warned: set[str] = set()
         self._log_spans_supported = True
+        self._bulk: Any = None  # _bulk.BulkTraceWriter, False (not applicable), None (not looked at)
 
     # -- clients ------------------------------------------------------------------------
     def _clients(self) -> tuple[Any, Any]:
@@ -316,6 +317,8 @@ class MlflowExporter(TrackerExporter):
         """End the runs (FINISHED), bounded in time: a dead server must not hold up the exit."""
         runs = list(self.runs.values())
         self.runs.clear()
+        if self._bulk:
+            self._bulk.close()
         if not runs or self._client is None:
             return
 
@@ -481,10 +484,30 @@ class MlflowExporter(TrackerExporter):
 
     def _log_traces(self, client: Any, tracing: Any, handle: _Run, trajs: list[Trajectory]) -> None:
         builder = self._spans
-        spans: list[Any] = []
-        for t in trajs:
-            spans.extend(builder.spans(t))
+        groups = [builder.spans(t) for t in trajs]
         ids = [_traces.mlflow_trace_id(t.trace_id) for t in trajs]
+        if self._log_spans_supported:
+            bulk = self._bulk_writer(tracing)
+            if bulk is not None:
+                bulk.log(handle.experiment_id, handle.run_id, list(zip(ids, groups)),
+                         lambda spans, tids: self._log_spans(client, tracing, handle, spans, tids, trajs))
+                return
+        self._log_spans(client, tracing, handle, [s for g in groups for s in g], ids, trajs)
+
+    def _bulk_writer(self, tracing: Any) -> Any:
+        """The direct sqlite trace writer for this store (`_bulk`), or None."""
+        if self._bulk is False:
+            return None
+        if self._bulk is None:
+            try:
+                self._bulk = _bulk.BulkTraceWriter.for_store(tracing.store) or False
+            except Exception:
+                self._bulk = False
+        return self._bulk or None
+
+    def _log_spans(self, client: Any, tracing: Any, handle: _Run, spans: list[Any], ids: list[str],
+                   trajs: list[Trajectory]) -> None:
+        """MLflow's own way: log_spans + link_traces_to_run (one trace at a time where unsupported)."""
         if self._log_spans_supported:
             try:
                 tracing.log_spans(handle.experiment_id, spans)
@@ -499,7 +522,9 @@ class MlflowExporter(TrackerExporter):
             else:
                 client.link_traces_to_run(ids, handle.run_id)
                 return
-        self._log_traces_one_by_one(tracing, handle, trajs, spans)
+        wanted = set(ids)
+        self._log_traces_one_by_one(tracing, handle, [t for t in trajs if _traces.mlflow_trace_id(t.trace_id) in wanted],
+                                    spans)
 
     def _log_traces_one_by_one(self, tracing: Any, handle: _Run, trajs: list[Trajectory], spans: list[Any]) -> None:
         """Stores without span ingestion (file store, servers < 3.4): trace info + span data artifact."""

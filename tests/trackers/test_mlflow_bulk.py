@@ -1,0 +1,329 @@
+"""The direct sqlite trace writer of the MLflow exporter (otel_rl_mlflow._bulk) against MLflow itself.
+
+The same trajectory records go to two real sqlite stores: one written by the exporter with the
+direct writer, one with ``OTEL_RL_MLFLOW_BULK_TRACES=false`` (MLflow's ``log_spans`` +
+``link_traces_to_run`` for every trace).  Every row that refers to those traces, in every table
+of the store, must be equal (the random association id and its creation time aside), and
+MLflow's own read APIs must find the traces as verl documents them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("mlflow")
+otel_rl_mlflow = pytest.importorskip("otel_rl_mlflow")
+
+import mlflow  # noqa: E402
+from mlflow import MlflowClient  # noqa: E402
+from opentelemetry import trace as trace_api  # noqa: E402
+
+import otel_rl  # noqa: E402
+from otel_rl.config import resolve  # noqa: E402
+from otel_rl.records import RunIdentity, RunStart, StepMetrics, Trajectory  # noqa: E402
+from otel_rl.testing import CaptureExporter  # noqa: E402
+from otel_rl_mlflow import _bulk  # noqa: E402
+from otel_rl_mlflow._exporter import MlflowExporter  # noqa: E402
+
+from .test_mlflow import calculator, generate, plan, score  # noqa: E402  (the same ops as there)
+
+VOLATILE = {"entity_associations": {"association_id", "created_time"}}
+
+
+@pytest.fixture(autouse=True)
+def _env(monkeypatch):
+    monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
+    monkeypatch.delenv(_bulk.ENV_BULK, raising=False)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+
+
+# ----------------------------------------------------------------------------- workload
+
+
+@otel_rl.generate(model="gpt-4o-mini")
+def chat(messages: list) -> dict:
+    return {"prompt_ids": list(range(12)), "response_ids": [1, 2, 3, 4], "text": "ok"}
+
+
+@otel_rl.op
+def as_json_text(x: int) -> str:
+    return json.dumps({"nested": [x, "text"]})  # a string holding JSON: MLflow unwraps one layer
+
+
+@otel_rl.op
+def outer(n: int) -> int:
+    return inner(n) + 1
+
+
+@otel_rl.op
+def inner(n: int) -> int:
+    return n * 2
+
+
+def workload(steps: int) -> None:
+    for n in range(steps):
+        with otel_rl.step(n):
+            for i in range(4):
+                try:
+                    with otel_rl.trajectory(sample_index=i, rollout_n=n % 3, validate=(n % 4 == 3)) as t:
+                        if i == 0:  # the common shape
+                            plan(f"q{n}-{i}")
+                            generate(list(range(5 + n)), temperature=0.5)
+                            t.set_reward(score(calculator("2+2", tool_call_id=f"c{n}")))
+                        elif i == 1:  # a failing tool call, unicode, a long value
+                            generate([1, 2, 3])
+                            try:
+                                calculator("8/0", tool_call_id=f"e{n}")
+                            except ZeroDivisionError:
+                                pass
+                            plan("数学 🔥 " + "x" * (3000 + n))
+                            t.set_reward(0.0)
+                        elif i == 2:  # priced model, JSON text output, nested ops, user/session attributes
+                            otel_rl.annotate(**{"user.id": f"user-{n}", "session.id": f"sess-{n % 2}"})
+                            chat([{"role": "user", "content": f"what is {n}+{n}?"}])
+                            as_json_text(n)
+                            outer(n)
+                        else:  # the trajectory itself fails
+                            generate([9])
+                            raise RuntimeError(f"agent crashed at step {n}")
+                except RuntimeError:
+                    pass
+
+
+def captured(steps: int = 6) -> tuple[list[Trajectory], RunIdentity]:
+    cap = CaptureExporter()
+    h = otel_rl.init(project="bulk", experiment="e1", exporters=[cap], trace_backend="memory", batch_delay_s=0.02)
+    workload(steps)
+    assert h.flush(60)
+    ident = RunIdentity(h.config.project, h.config.experiment, h.run_id)
+    h.shutdown()
+    trajs = cap.of_type(Trajectory)
+    assert len(trajs) == 4 * steps
+    return trajs, ident
+
+
+def export(uri: str, trajs: list[Trajectory], ident: RunIdentity, batch: int = 4) -> MlflowExporter:
+    cfg = resolve(project=ident.project, experiment=ident.experiment, run_id=ident.run_id, trace_backend="mlflow")
+    exp = MlflowExporter(cfg, tracking_uri=uri)
+    exp.export_records([RunStart(ident, {"a": 1}, 0, time.time_ns())])
+    for i in range(0, len(trajs), batch):
+        exp.export_records(trajs[i:i + batch])
+    return exp
+
+
+def trace_rows(path: str, ids: list[str], rename: dict | None = None) -> dict[str, list[tuple]]:
+    """Every row of every table that refers to one of `ids` (volatile columns left out; values in
+    `rename` replaced, e.g. each store's own MLflow run id)."""
+    rename = rename or {}
+    con = sqlite3.connect(path)
+    out: dict[str, list[tuple]] = {}
+    marks = ",".join("?" * len(ids))
+    for (table,) in con.execute("SELECT name FROM sqlite_master WHERE type='table'").fetchall():
+        cols = [r[1] for r in con.execute(f"PRAGMA table_info('{table}')")]
+        idc = [c for c in cols if c in ("request_id", "trace_id", "source_id", "destination_id")]
+        if not idc:
+            continue
+        keep = [c for c in cols if c not in VOLATILE.get(table, ())]
+        where = " OR ".join(f"{c} IN ({marks})" for c in idc)
+        rows = con.execute(f"SELECT {', '.join(keep)} FROM '{table}' WHERE {where}", ids * len(idc)).fetchall()
+        if rows:
+            out[table] = sorted((tuple(rename.get(v, v) for v in r) for r in rows), key=repr)
+    con.close()
+    return out
+
+
+def ids_of(trajs: list[Trajectory]) -> list[str]:
+    return [otel_rl_mlflow.mlflow_trace_id(t.trace_id) for t in trajs]
+
+
+# ----------------------------------------------------------------------------- tests
+
+
+def test_direct_writes_equal_mlflow_writes(tmp_path, monkeypatch):
+    trajs, ident = captured(steps=8)
+    fast_db, ref_db = tmp_path / "fast.db", tmp_path / "ref.db"
+    fast = export(f"sqlite:///{fast_db}", trajs, ident)
+    writer = fast._bulk
+    assert writer and writer.state == "on", getattr(writer, "mismatch", None)
+    # every shape was written by MLflow once (and verified), the rest directly
+    assert writer.mlflow_traces >= 4 and writer.fast_traces >= len(trajs) // 2, (writer.mlflow_traces,
+                                                                              writer.fast_traces)
+    assert writer.fast_traces + writer.mlflow_traces == len(trajs)
+    fast_run = next(iter(fast.runs.values())).run_id
+    fast.shutdown()
+
+    monkeypatch.setenv(_bulk.ENV_BULK, "false")
+    ref = export(f"sqlite:///{ref_db}", trajs, ident)
+    assert ref._bulk is False
+    ref_run = next(iter(ref.runs.values())).run_id
+    ref.shutdown()
+
+    ids = ids_of(trajs)
+    got = trace_rows(str(fast_db), ids, {fast_run: "<run>"})
+    want = trace_rows(str(ref_db), ids, {ref_run: "<run>"})
+    assert set(got) == set(want) == {"trace_info", "trace_tags", "trace_request_metadata", "spans",
+                                     "entity_associations"}
+    for table in want:
+        assert got[table] == want[table], table
+    # what the workload exercises is really in there
+    info = {r[0]: r for r in want["trace_info"]}
+    assert len(info) == len(trajs)
+    assert {r[4] for r in want["trace_info"]} == {"OK", "ERROR"}
+    unwrapped = [r[9] for r in want["spans"] if r[4] == "as_json_text"]
+    assert unwrapped and all('\\"nested\\"' in c and '\\\\"nested' not in c for c in unwrapped)
+
+
+def test_traces_read_back_with_mlflow(tmp_path):
+    trajs, ident = captured(steps=6)
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    exp = export(uri, trajs, ident, batch=6)
+    assert exp._bulk.fast_traces > 0
+    run_id = next(iter(exp.runs.values())).run_id
+    experiment_id = next(iter(exp.runs.values())).experiment_id
+    exp.shutdown()
+    mlflow.set_tracking_uri(uri)
+    try:
+        by_id = {otel_rl_mlflow.mlflow_trace_id(t.trace_id): t for t in trajs}
+        linked = mlflow.search_traces(locations=[experiment_id], run_id=run_id, return_type="list", max_results=1000)
+        assert {t.info.trace_id for t in linked} == set(by_id)
+        for step in range(6):
+            found = mlflow.search_traces(locations=[experiment_id], filter_string=f"tags.step = '{step}'",
+                                         return_type="list", max_results=100)
+            assert {t.info.trace_id for t in found} == {k for k, t in by_id.items() if t.step == step}
+            for tr in found:
+                t = by_id[tr.info.trace_id]
+                assert tr.info.tags["sample_index"] == str(t.sample_index)
+                assert tr.info.state.value == ("ERROR" if t.root.status == "ERROR" else "OK")
+                assert {s.span_id for s in tr.data.spans} == {f"{n.span_id:016x}" for n in t.root.walk()}
+        failing = mlflow.search_traces(locations=[experiment_id], filter_string="tags.sample_index = '3'",
+                                       return_type="list", max_results=100)
+        assert len(failing) == 6 and all(tr.info.state.value == "ERROR" for tr in failing)
+        tool = [s for tr in mlflow.search_traces(locations=[experiment_id],
+                                                 filter_string="tags.sample_index = '1' AND tags.step = '5'",
+                                                 return_type="list") for s in tr.data.spans
+                if s.name == "execute_tool calculator"][0]
+        assert tool.status.status_code.value == "ERROR" and tool.events[0].name == "exception"
+        first = next(t for t in trajs if t.step == 1 and t.sample_index == 0)
+        tr = mlflow.get_trace(otel_rl_mlflow.mlflow_trace_id(first.trace_id))
+        assert tr.info.token_usage["input_tokens"] == 6 and tr.info.token_usage["output_tokens"] == 3
+    finally:
+        mlflow.set_tracking_uri(None)
+
+
+def test_a_mismatch_turns_the_direct_writer_off(tmp_path, caplog):
+    trajs, ident = captured(steps=4)
+    cfg = resolve(project=ident.project, experiment=ident.experiment, run_id=ident.run_id, trace_backend="mlflow")
+    path = tmp_path / "m.db"
+    exp = MlflowExporter(cfg, tracking_uri=f"sqlite:///{path}")
+    exp.export_records([RunStart(ident, {}, 0, time.time_ns())])
+    client, tracing = exp._clients()
+    writer = exp._bulk_writer(tracing)
+    real = writer.h["translate_span_when_storing"]
+
+    def drifted(span):  # what a newer MLflow might store that this writer does not know
+        d = real(span)
+        d["attributes"]["mlflow.newThing"] = '"x"'
+        return d
+
+    writer.h["translate_span_when_storing"] = drifted
+    with caplog.at_level(logging.WARNING, logger="otel_rl"):
+        for i in range(0, len(trajs), 4):
+            exp.export_records(trajs[i:i + 4])
+    assert writer.state == "off" and writer.fast_traces == 0 and writer.mlflow_traces == len(trajs)
+    assert "spans" in writer.mismatch
+    assert any("does not write what MLflow" in r.getMessage() for r in caplog.records)
+    exp.shutdown()
+    rows = trace_rows(str(path), ids_of(trajs))
+    assert len(rows["trace_info"]) == len(trajs)
+    assert len(rows["entity_associations"]) == len(trajs)
+    assert len(rows["spans"]) == sum(sum(1 for _ in t.root.walk()) for t in trajs)
+    assert not any("newThing" in r[9] for r in rows["spans"])
+
+
+def test_a_redelivered_batch_is_stored_once(tmp_path):
+    trajs, ident = captured(steps=4)
+    path = tmp_path / "m.db"
+    exp = export(f"sqlite:///{path}", trajs, ident)
+    fast_before = exp._bulk.fast_traces
+    assert fast_before > 0
+    # the same records again, as after an export process died before confirming them
+    for i in range(0, len(trajs), 4):
+        exp.export_records(list(trajs[i:i + 4]))
+    assert exp._bulk.fast_traces == fast_before  # existing traces went through MLflow (it merges them)
+    exp.shutdown()
+    rows = trace_rows(str(path), ids_of(trajs))
+    assert len(rows["trace_info"]) == len(trajs)
+    assert len(rows["entity_associations"]) == len(trajs)
+    assert len(rows["spans"]) == sum(sum(1 for _ in t.root.walk()) for t in trajs)
+    assert len(rows["trace_tags"]) == len(set((r[0], r[2]) for r in rows["trace_tags"]))
+
+
+def test_metrics_written_concurrently_to_the_same_store(tmp_path):
+    trajs, ident = captured(steps=10)
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    client = MlflowClient(uri)
+    other = client.create_run(client.create_experiment("other")).info.run_id
+    stop = threading.Event()
+    logged: list[int] = []
+    errors: list[BaseException] = []
+
+    def log_metrics() -> None:
+        n = 0
+        try:
+            while not stop.is_set():
+                client.log_metric(other, "loss", float(n), step=n)
+                logged.append(n)
+                n += 1
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    th = threading.Thread(target=log_metrics)
+    th.start()
+    try:
+        exp = export(uri, trajs, ident, batch=2)
+        exp.export_records([StepMetrics(ident, 1, {"x": 1.0}, time.time_ns())])
+    finally:
+        stop.set()
+        th.join(30)
+    assert not errors
+    assert exp._bulk.fast_traces > 0
+    exp.shutdown()
+    assert len(trace_rows(str(tmp_path / "m.db"), ids_of(trajs))["trace_info"]) == len(trajs)
+    assert [m.step for m in client.get_metric_history(other, "loss")] == logged
+
+
+def test_not_used_where_it_does_not_apply(tmp_path, monkeypatch):
+    from mlflow.tracing.client import TracingClient
+
+    sqlite_store = TracingClient(f"sqlite:///{tmp_path / 'a.db'}").store
+    assert _bulk.BulkTraceWriter.for_store(sqlite_store) is not None
+    monkeypatch.setenv(_bulk.ENV_BULK, "false")
+    assert _bulk.BulkTraceWriter.for_store(sqlite_store) is None
+    monkeypatch.delenv(_bulk.ENV_BULK)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    file_store = TracingClient(f"file://{tmp_path / 'mlruns'}").store
+    assert _bulk.BulkTraceWriter.for_store(file_store) is None
+    monkeypatch.setenv("MLFLOW_SQL_TRACE_ROLLUPS_ENABLED", "true")
+    assert _bulk.BulkTraceWriter.for_store(sqlite_store) is None
+
+
+def test_span_content_is_what_mlflow_parses(tmp_path):
+    """A span's stored content loads back into MLflow's Span entity with the op's inputs and outputs."""
+    trajs, ident = captured(steps=3)
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    exp = export(uri, trajs, ident, batch=4)
+    assert exp._bulk.fast_traces > 0
+    exp.shutdown()
+    t = next(t for t in trajs if t.step == 2 and t.sample_index == 0)  # written directly (shape verified at step 0)
+    tr = MlflowClient(uri).get_trace(otel_rl_mlflow.mlflow_trace_id(t.trace_id))
+    spans = {s.name: s for s in tr.data.spans}
+    assert spans["plan"].inputs == {"question": "q2-0"}
+    assert spans["chat policy-7b"].attributes["mlflow.chat.tokenUsage"]["input_tokens"] == 7
+    assert spans["execute_tool calculator"].outputs == 4.0
+    assert trace_api.format_trace_id(t.trace_id) in tr.info.trace_id
