@@ -16,7 +16,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 
 from . import semconv as sc
 from ._values import warn_once
-from .serialize import to_json
+from .serialize import _dumps, to_json
 
 _log = logging.getLogger("otel_rl")
 
@@ -92,11 +92,26 @@ def decode_spans(spans: list, pending: dict[int, tuple], max_chars: int) -> list
     return out
 
 
+def _spliced(raw: str, fields: dict[str, str], max_chars: int) -> str | None:
+    """The output object's JSON text with `fields` added at its end, without parsing it: what
+    ``to_json({**json.loads(raw), **fields})`` gives when `raw` is a whole JSON object without those
+    keys (our encoder wrote it; separators ", " and ": ").  None when that cannot be told cheaply."""
+    if len(raw) < 2 or raw[0] != "{" or raw[-1] != "}" or any(f'"{k}"' in raw for k in fields):
+        return None
+    parts = [f"{_dumps(k)}: {_dumps(v)}" for k, v in fields.items()]
+    text = raw[:-1] + (", " if raw != "{}" else "") + ", ".join(parts) + "}"
+    return text if len(text) <= max_chars else None
+
+
 def _with_texts(span: ReadableSpan, fields: dict[str, str], max_chars: int) -> ReadableSpan:
     attrs = dict(span.attributes or {})
     raw = attrs.get(sc.RL_OP_OUTPUT)
     merged = False
-    if isinstance(raw, str):
+    spliced = _spliced(raw, fields, max_chars) if isinstance(raw, str) and not attrs.get(sc.RL_TRUNCATED) else None
+    if spliced is not None:
+        attrs[sc.RL_OP_OUTPUT] = spliced
+        merged = True
+    elif isinstance(raw, str):
         try:
             obj = json.loads(raw)
         except ValueError:

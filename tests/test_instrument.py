@@ -1073,6 +1073,36 @@ def test_token2text_tokenizer_from_self():
         assert len(tok.calls) == 1 and tok.calls[0][0] != threading.get_ident()
 
 
+def test_token2text_output_is_the_json_of_the_merged_object():
+    """The op's output text with the decoded texts is exactly the JSON otel-rl writes for the merged dict,
+    whether the texts are appended to the JSON text or the object is parsed and encoded again."""
+    from otel_rl.serialize import to_json
+
+    class Odd(Rollout):
+        @otel_rl.op
+        def note(self, p, r, extra):
+            return {"prompt_ids": p, "response_ids": r, **extra}
+
+    tok = LetterTokenizer()
+    cases = [{}, {"note": 'é}"{ ✓', "score": [1.5, -0.0, 1e300]}, {"prompt_text": "stale", "z": None}]
+    with capture(token2text=True, tokenizer=tok, max_value_chars=200) as cap:
+        ro = Odd()
+        with otel_rl.trajectory(step=0, sample_index=0):
+            for extra in cases:
+                ro.note([0, 1], [2], extra)
+            ro.note([3], [4], {"long": "x" * 140})  # the merged text exceeds max_value_chars
+        cap.collect()
+        nodes = [n for n in one_trajectory(cap).root.walk() if n.name.endswith("Odd.note")]
+        assert len(nodes) == 4
+        for node, extra in zip(nodes, cases):
+            merged = {"prompt_ids": [0, 1], "response_ids": [2], **extra}
+            merged.update(prompt_text="ab", response_text="c")
+            assert node.output == to_json(merged, 200)[0]
+            assert sc.RL_TRUNCATED not in node.attributes
+        last = {"prompt_ids": [3], "response_ids": [4], "long": "x" * 140, "prompt_text": "d", "response_text": "e"}
+        assert nodes[3].output == to_json(last, 200)[0] and nodes[3].attributes[sc.RL_TRUNCATED] is True
+
+
 def test_token2text_off_by_default(cap):
     tok = LetterTokenizer()
     with otel_rl.trajectory(step=0, sample_index=0):
