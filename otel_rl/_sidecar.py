@@ -38,6 +38,7 @@ settled (delivered or written to its spool): at least once, never silently lost.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import pickle
@@ -49,7 +50,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from ._pipeline import DeliveryQueue, ExporterStats, records_for
 from .exporters.base import Exporter
@@ -540,7 +541,7 @@ class _Server:
         self.stop(stop_budget, failure)
 
 
-def main(argv: Sequence[str]) -> int:
+def main(argv: Sequence[str]) -> NoReturn:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the trainer stops us in order
     r = os.fdopen(int(argv[0]), "rb", buffering=1 << 16)
     w = os.fdopen(int(argv[1]), "wb", buffering=1 << 16)
@@ -549,5 +550,20 @@ def main(argv: Sequence[str]) -> int:
         w.close()
     except (OSError, ValueError):  # the trainer is gone: what it would have read does not matter
         pass
-    return 0
+    # Every tracker run is finished and its data written (the exporters' shutdown, then the trackers'
+    # own exit hooks, run here).  What is left is the interpreter tearing down MLflow's, wandb's and
+    # SwanLab's module graphs, over a second of CPU that the trainer would wait for: skipped.
+    try:
+        me = threading.current_thread()
+        for t in threading.enumerate():  # as the interpreter would: wait for non-daemon threads first
+            if t is not me and not t.daemon:
+                t.join(60.0)
+        atexit._run_exitfuncs()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        os._exit(0)
 
