@@ -20,7 +20,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from . import semconv as sc
 from ._instruments import Instruments, views
 from ._lightspan import LightTracer
-from ._pipeline import GenerationsItem, LogItem, Pipeline, make_span_processor, records_for
+from ._pipeline import GenerationsItem, LogItem, Pipeline, make_span_processor
 from ._runtime import RT, STEP
 from ._sidecar import IN_EXPORT_PROCESS as _IN_EXPORT_PROCESS
 from ._sidecar import SidecarClient
@@ -75,12 +75,20 @@ class Handle:
         self._pipeline = Pipeline(cfg, self.resource, [e for e in exporters if not getattr(e, "remote", False)],
                                   instruments, scope, remote=self._sidecar)
         self.tracer_provider = TracerProvider(resource=self.resource)
-        self.tracer_provider.add_span_processor(make_span_processor(self._pipeline))
+        own = make_span_processor(self._pipeline)
+        self.tracer_provider.add_span_processor(own)
         self.tracer = self.tracer_provider.get_tracer("otel_rl", __version__)
-        # trajectory and op spans: light spans ending into the provider's span processors
+        # trajectory and op spans: light spans ending into the provider's span processors, or
+        # straight into the pipeline while nobody added a processor of their own
         processors = getattr(self.tracer_provider, "_active_span_processor", None)
+        only_own = (own,)
+
+        def direct_ok() -> bool:
+            return getattr(processors, "_span_processors", None) == only_own
+
         self.light = LightTracer(processors.on_end if processors is not None else self._pipeline.submit,
-                                 self.resource, scope)
+                                 self.resource, scope, direct=self._pipeline.submit,
+                                 direct_ok=direct_ok if processors is not None else None)
         self.sampler = Sampler(cfg.run_id, cfg.max_samples)
         self.tokenizer = tokenizer
         self._emit_run_start()
@@ -93,18 +101,10 @@ class Handle:
             e = registry.create(stub.name, self.config)
             e.wants_trajectories = stub.wants_trajectories
             made[stub.name] = e
-        queues = self._pipeline.adopt(client, list(made.values()))
-
-        def fallback(records: list, names: Sequence[str]) -> None:
-            for n in names:
-                q = queues.get(n)
-                recs = records_for(q.exporter, records) if q is not None else None
-                if recs:
-                    q.put([], recs)
-
-        for _, records, names in unsettled:
-            fallback(records, names)
-        client.fallback = fallback
+        takeover = self._pipeline.adopt(client, list(made.values()))
+        for _, records, names, wire, resource_attrs in unsettled:
+            takeover.put(records, names, wire, resource_attrs)
+        client.fallback = takeover.put
         with self._lock:
             self.exporters = [made.get(e.name, e) if getattr(e, "remote", False) else e for e in self.exporters]
 

@@ -7,7 +7,8 @@ trajectory is kept —, locks, bounded attribute containers and a copy into a
 `ReadableSpan` at the end).  `LightSpan` implements the `opentelemetry.trace.Span` API
 (attributes, events, links, status, exceptions recorded as the SDK records them,
 `is_recording`) and, when it ends, hands one SDK `ReadableSpan` to the provider's span
-processors — what every exporter and test already consumes.
+processors — what every exporter and test already consumes —, or itself straight to
+otel-rl's pipeline when that is the only processor (`LightTracer`).
 
 Attributes set by user code (`annotate`, ``get_current_span().set_attribute``) are
 validated by OpenTelemetry's own rules; otel-rl's own attributes are built valid.
@@ -66,7 +67,7 @@ class LightSpan(trace_api.Span):
                  "_end", "_sink", "_resource", "_scope")
 
     def __init__(self, name: str, context: SpanContext, parent: SpanContext | None, attributes: dict[str, Any],
-                 links: Sequence[Link] | None, start: int, sink: Callable[[ReadableSpan], None], resource: Any,
+                 links: Sequence[Link] | None, start: int, sink: Callable[[LightSpan], None], resource: Any,
                  scope: Any):
         self._name = name
         self._context = context
@@ -152,29 +153,45 @@ class LightSpan(trace_api.Span):
         if self._end is not None:
             return
         self._end = end_time if end_time is not None else _time_ns()
-        span = ReadableSpan(
+        try:
+            self._sink(self)
+        except Exception:  # pragma: no cover - a span processor failing must not reach the caller
+            _log.exception("otel-rl: span processor failed")
+
+    def readable(self) -> ReadableSpan:
+        """This (ended) span as the SDK's `ReadableSpan`."""
+        return ReadableSpan(
             name=self._name, context=self._context, parent=self._parent, resource=self._resource,
             attributes=self._attributes, events=tuple(self._events) if self._events else (),
             links=tuple(self._links) if self._links else (), kind=_INTERNAL, status=self._status,
             start_time=self._start, end_time=self._end, instrumentation_scope=self._scope)
-        try:
-            self._sink(span)
-        except Exception:  # pragma: no cover - a span processor failing must not reach the caller
-            _log.exception("otel-rl: span processor failed")
 
     def __repr__(self) -> str:
         return f"LightSpan({self._name!r}, span_id={self._context.span_id:016x})"
 
 
 class LightTracer:
-    """Starts `LightSpan`s for one handle: its resource, scope and span processors."""
+    """Starts `LightSpan`s for one handle: its resource, scope and span processors.
 
-    __slots__ = ("sink", "resource", "scope")
+    An ended span goes to `sink` as a `ReadableSpan`; or, while `direct_ok()` says that the
+    only span processor is otel-rl's pipeline, to `direct` as the `LightSpan` itself (the
+    pipeline then makes a `ReadableSpan` only for exporters that take spans)."""
 
-    def __init__(self, sink: Callable[[ReadableSpan], None], resource: Any, scope: Any):
+    __slots__ = ("sink", "resource", "scope", "direct", "direct_ok")
+
+    def __init__(self, sink: Callable[[ReadableSpan], None], resource: Any, scope: Any,
+                 direct: Callable[[LightSpan], None] | None = None, direct_ok: Callable[[], bool] | None = None):
         self.sink = sink
         self.resource = resource
         self.scope = scope
+        self.direct = direct
+        self.direct_ok = direct_ok
+
+    def _ended(self, span: LightSpan) -> None:
+        if self.direct is not None and self.direct_ok is not None and self.direct_ok():
+            self.direct(span)
+        else:
+            self.sink(span.readable())
 
     def start(self, name: str, parent: SpanContext | None, attributes: dict[str, Any],
               links: Sequence[Link] | None = None, start_time: int | None = None) -> LightSpan:
@@ -185,4 +202,4 @@ class LightTracer:
             parent = None
             ctx = SpanContext(new_trace_id(), new_span_id(), False, _FLAGS)
         return LightSpan(name, ctx, parent, attributes, links, start_time if start_time is not None else _time_ns(),
-                         self.sink, self.resource, self.scope)
+                         self._ended, self.resource, self.scope)

@@ -35,8 +35,10 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, TraceFlags
 
 from . import semconv as sc
+from ._lightspan import LightSpan
 from ._values import warn_once
-from .records import Record, RecordBuilder, Trajectory
+from ._wire import pack, unpack
+from .records import Record, RecordBuilder, Trajectory, is_record_span
 
 _log = logging.getLogger("otel_rl")
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
@@ -147,6 +149,7 @@ class DeliveryQueue:
     """
 
     remote = False  # see otel_rl._sidecar.RemoteQueue
+    adopted = False  # took over from the export process (Pipeline.adopt)
 
     def __init__(self, exporter: Any, max_items: int, backoff_max_s: float = 30.0, *,
                  spool: Any = None, config: Any = None):
@@ -670,6 +673,8 @@ class Pipeline:
         self.dropped = 0
         self._ids = RandomIdGenerator()
         self._builder = RecordBuilder()
+        self._takeover: Takeover | None = None
+        self._resource_attrs = dict(resource.attributes) if resource is not None else {}
         self.pending_decode: dict[int, tuple] = {}
         self.queues = [DeliveryQueue(e, config.queue_size, config=config) for e in exporters
                        if e.wants_records or e.wants_spans or e.wants_trajectories]
@@ -692,13 +697,18 @@ class Pipeline:
         self._items.append(_AddQueue(q))  # attached by the worker, after what was submitted before
         self._wake.set()
 
-    def adopt(self, remote: Any, exporters: Sequence[Any]) -> dict[str, DeliveryQueue]:
-        """Replace the export process `remote` by in-process queues for `exporters` (its death)."""
+    def adopt(self, remote: Any, exporters: Sequence[Any]) -> Takeover:
+        """Replace the export process `remote` by in-process queues for `exporters` (its death).  They
+        keep getting what the export process got: records, and packed spans that the returned
+        `Takeover` turns into trajectories, as the export process did."""
         made = {e.name: DeliveryQueue(e, self.config.queue_size, config=self.config) for e in exporters}
-        self.queues = [q for q in self.queues if not getattr(q, "remote", False)] + list(made.values())
+        for q in made.values():
+            q.adopted = True
+        self._takeover = Takeover(made)
+        self.queues = [q for q in self.queues if not q.remote] + list(made.values())
         if self.remote is remote:
             self.remote = None
-        return made
+        return self._takeover
 
     def submit(self, item: Any) -> None:
         items = self._items
@@ -765,6 +775,8 @@ class Pipeline:
             if self._stopping and not self._items:
                 try:
                     self._process(self._builder.flush_partial(), [])
+                    if self._takeover is not None:
+                        self._takeover.flush_partial()
                 except Exception:
                     _log.exception("otel-rl: pipeline worker error at shutdown")
                 return
@@ -779,7 +791,7 @@ class Pipeline:
             items = self._items
             while items and len(spans) < 4096:
                 item = items.popleft()
-                if isinstance(item, ReadableSpan):
+                if type(item) is LightSpan or isinstance(item, ReadableSpan):
                     spans.append(item)
                 elif isinstance(item, LogItem):
                     if item.only is not None:
@@ -799,10 +811,7 @@ class Pipeline:
                 elif isinstance(item, _AddQueue):
                     added = item
                     break  # what came before is not for the new exporter
-            if self.pending_decode:
-                spans = self._token2text(spans)
-            records = self._builder.build(spans)
-            self._process(records, spans, stats)
+            self._handle_spans(spans, stats)
             if routed is not None:
                 self._process(self._builder.build([routed[0]]), [routed[0]], (), routed[1])
             if added is not None:
@@ -810,24 +819,90 @@ class Pipeline:
             for m in markers:
                 m.event.set()
 
+    def _handle_spans(self, spans: list, stats: list) -> None:
+        """Records from the spans of one batch, for the exporters here; the spans themselves, packed, for
+        the export process (or the queues that took over from it), which builds its trajectories."""
+        ship = self._ship()
+        local = self._local_wants_spans()
+        shipped: list = []
+        if ship or local:
+            shipped = [s for s in spans if type(s) is LightSpan or not is_record_span(s)]
+        texts = {}
+        if self.pending_decode:
+            if ship or local:
+                from ._token2text import decode_fields
+
+                texts = decode_fields(shipped, self.pending_decode)
+            else:
+                from ._token2text import drop
+
+                drop([s for s in spans if type(s) is LightSpan or not is_record_span(s)], self.pending_decode)
+        wire = None
+        if ship:
+            wire = [pack(s) for s in shipped]
+            if texts:
+                from ._token2text import merge_texts
+
+                limit = self.config.max_value_chars
+                for t in wire:
+                    fields = texts.get(t[1])
+                    if fields is not None:
+                        merge_texts(t[6], fields, limit)
+        if local:
+            out = [s.readable() if type(s) is LightSpan else s for s in spans]
+            if texts:
+                from ._token2text import with_texts
+
+                limit = self.config.max_value_chars
+                out = [with_texts(s, texts[s.context.span_id], limit) if s.context.span_id in texts else s
+                       for s in out]
+            records = self._builder.build(out)
+        else:
+            out = [s for s in spans if type(s) is not LightSpan and is_record_span(s)]
+            records = self._builder.build(out)
+        self._process(records, out, stats, wire=wire)
+
+    def _ship(self) -> bool:
+        """Whether the spans go, packed, to exporters that build their trajectories elsewhere."""
+        remote = self.remote
+        if remote is not None:
+            return remote.wants_trajectories()
+        t = self._takeover
+        return t is not None and any(q.exporter.wants_trajectories for q in t.queues.values())
+
+    def _local_wants_spans(self) -> bool:
+        if self.instruments is not None:
+            return True
+        for q in self.queues:
+            if not q.remote and not q.adopted and (q.exporter.wants_spans or q.exporter.wants_trajectories):
+                return True
+        return False
+
     def _process(self, records: list[Record], spans: list, stats: Sequence[TrajectoryStat] = (),
-                 only: frozenset[str] | None = None) -> None:
+                 only: frozenset[str] | None = None, wire: list | None = None) -> None:
         if self.instruments is not None:
             try:
                 self.instruments.update(records, spans, stats)
             except Exception:
                 _log.exception("otel-rl: metric instrument update failed")
-        if not records and not spans:
+        if not records and not spans and not wire:
             return
+        # trajectories for the export process (or its takeover) are built there, from `wire`
+        far = [r for r in records if not isinstance(r, Trajectory)] if wire is not None else records
         remote = self.remote
-        if remote is not None and records:
+        if remote is not None and (far or wire):
             names = remote.names if only is None else tuple(n for n in remote.names if n in only)
             if names:
-                remote.send(records, names)
+                remote.send(far, names, wire, self._resource_attrs)
+        t = self._takeover
+        if t is not None and (far or wire):
+            names = tuple(n for n in t.queues if only is None or n in only)
+            if names:
+                t.put(far, names, wire, self._resource_attrs)
         for q in self.queues:
             if only is not None and q.name not in only:
                 continue
-            if q.remote:
+            if q.remote or q.adopted:
                 continue
             exp = q.exporter
             recs = records_for(exp, records) if exp.wants_records or exp.wants_trajectories else []
@@ -875,10 +950,35 @@ class Pipeline:
                             attributes=attrs, start_time=item.time_ns, end_time=item.time_ns,
                             instrumentation_scope=self.scope)
 
-    def _token2text(self, spans: list) -> list:
-        from ._token2text import decode_spans
 
-        return decode_spans(spans, self.pending_decode, self.config.max_value_chars)
+
+class Takeover:
+    """The export process's exporters, continued in this process after it died (`Pipeline.adopt`):
+    what the export process was sent (records and packed spans) is delivered to their queues, the
+    trajectories built from the spans here, as the export process built them."""
+
+    def __init__(self, queues: dict[str, DeliveryQueue]):
+        self.queues = queues
+        self._builder = RecordBuilder()
+        self._lock = threading.Lock()
+
+    def put(self, records: list, names: Sequence[str], wire: list | None = None,
+            resource_attrs: dict | None = None) -> None:
+        with self._lock:
+            trajs = self._builder.build(unpack(wire, resource_attrs or {})) if wire else []
+        self._deliver(list(records) + trajs, names)
+
+    def flush_partial(self) -> None:
+        with self._lock:
+            partial = self._builder.flush_partial()
+        self._deliver(partial, tuple(self.queues))
+
+    def _deliver(self, records: list, names: Sequence[str]) -> None:
+        for n in names:
+            q = self.queues.get(n)
+            recs = records_for(q.exporter, records) if q is not None else None
+            if recs:
+                q.put([], recs)
 
 
 def records_for(exporter: Any, records: Sequence[Record]) -> list[Record]:

@@ -54,7 +54,8 @@ from typing import Any, NoReturn
 
 from ._pipeline import DeliveryQueue, ExporterStats, records_for
 from .exporters.base import Exporter
-from .records import Trajectory
+from ._wire import unpack
+from .records import RecordBuilder, Trajectory
 
 _log = logging.getLogger("otel_rl")
 _HDR = struct.Struct("<I")
@@ -66,6 +67,11 @@ STOP_GRACE_S = 60.0
 
 
 _CHILD = "import sys; from otel_rl._sidecar import main; sys.exit(main(sys.argv[1:]))"
+
+
+def _items(batch: tuple) -> int:
+    """Records + packed spans of an unsettled batch (seq, records, names, wire, resource)."""
+    return len(batch[1]) + (len(batch[3]) if batch[3] else 0)
 
 
 def _write(f: Any, msg: Any) -> None:
@@ -145,6 +151,7 @@ class RemoteQueue:
     """The pipeline's view of one exporter in the export process (stats, flush, stop)."""
 
     remote = True
+    adopted = False
     spool = None
 
     def __init__(self, exporter: RemoteExporter, client: SidecarClient):
@@ -222,32 +229,38 @@ class SidecarClient:
         return self.proc.pid
 
     # -- feeding -------------------------------------------------------------------------
-    def send(self, records: list, names: Sequence[str]) -> None:
-        """Hand `records` to the exporters `names` of the export process.  Never blocks on it."""
-        if not records:
-            return
+    def wants_trajectories(self) -> bool:
+        return any(e.wants_trajectories for e in self.exporters)
+
+    def send(self, records: list, names: Sequence[str], wire: list | None = None,
+             resource_attrs: dict | None = None) -> None:
+        """Hand `records`, and the packed spans `wire` (`otel_rl._wire`) of which the export process
+        builds the trajectories, to its exporters `names`.  Never blocks on it."""
         if not any(self._by_name[n].exporter.wants_trajectories for n in names if n in self._by_name):
             records = [r for r in records if not isinstance(r, Trajectory)]
-            if not records:
-                return
+            wire = None
+        if not records and not wire:
+            return
+        n_items = len(records) + (len(wire) if wire else 0)
         with self._cond:
             if self.alive:
                 self._seq += 1
-                self._out.append(("batch", self._seq, records, tuple(names)))
-                self._unsettled.append((self._seq, records, tuple(names)))
-                self._unsettled_items += len(records)
+                batch = (self._seq, records, tuple(names), wire, resource_attrs)
+                self._out.append(("batch", *batch))
+                self._unsettled.append(batch)
+                self._unsettled_items += n_items
                 while self._unsettled_items > self._max_unsettled and len(self._unsettled) > 1:
                     # the oldest batch stays queued in the child; it only loses its re-delivery copy
-                    _, old, _ = self._unsettled.popleft()
-                    self._unsettled_items -= len(old)
+                    old = self._unsettled.popleft()
+                    self._unsettled_items -= _items(old)
                 self._cond.notify_all()
                 return
         self._adopted.wait(30.0)
         fb = self.fallback
         if fb is not None:
-            fb(records, names)
+            fb(records, names, wire, resource_attrs)
         else:
-            self.dropped += len(records)
+            self.dropped += n_items
 
     def control(self, msg: tuple) -> None:
         with self._cond:
@@ -334,14 +347,13 @@ class SidecarClient:
             self._apply_stats(msg[1])
             self._settle(msg[2])
         elif kind == "flushed":
-            _, seq, ok, stats = msg
+            _, seq, ok, stats, settled = msg
             self._apply_stats(stats)
             with self._cond:
                 if ok:
                     self._flushed = max(self._flushed, seq)
                 self._cond.notify_all()
-            if ok:
-                self._settle(seq)
+            self._settle(settled)
         elif kind == "ready":
             for name, err in msg[1].items():
                 if err:
@@ -364,8 +376,7 @@ class SidecarClient:
         with self._cond:
             self._settled = max(self._settled, seq)
             while self._unsettled and self._unsettled[0][0] <= self._settled:
-                _, recs, _ = self._unsettled.popleft()
-                self._unsettled_items -= len(recs)
+                self._unsettled_items -= _items(self._unsettled.popleft())
 
     def _ended(self) -> None:
         with self._cond:
@@ -407,6 +418,7 @@ class _Server:
         self.queues: dict[str, DeliveryQueue] = {}
         self.errors: dict[str, str] = {}
         self.received = 0  # highest batch seq put into the queues
+        self.builder = RecordBuilder()  # trajectories from the packed spans (otel_rl._wire)
         self.stop_event = threading.Event()
         self._dropped_failed: dict[str, int] = {}
 
@@ -424,8 +436,13 @@ class _Server:
         return out
 
     def settled(self) -> int:
+        """The highest batch seq up to which everything received is delivered or spooled: spans held for
+        a trajectory whose root has not come yet are neither, and hold back the batch they came in."""
         seq = self.received
-        return seq if all(q.stats.in_memory == 0 for q in self.queues.values()) else 0
+        if not all(q.stats.in_memory == 0 for q in self.queues.values()):
+            return 0
+        held = [g[0].seq for g in self.builder.pending() if g]
+        return min(seq, min(held) - 1) if held else seq
 
     def start(self, config: Any, exporters: list, queue_size: int) -> None:
         from .exporters import registry
@@ -462,7 +479,14 @@ class _Server:
         while not self.stop_event.wait(_STATS_INTERVAL_S):
             self.send(("stats", self.stats(), self.settled()))
 
-    def put(self, seq: int, records: list, names: Sequence[str]) -> None:
+    def put(self, seq: int, records: list, names: Sequence[str], wire: list | None = None,
+            resource_attrs: dict | None = None) -> None:
+        if wire:
+            records = list(records) + self.builder.build(unpack(wire, resource_attrs or {}, seq))
+        self._deliver(records, names)
+        self.received = seq
+
+    def _deliver(self, records: list, names: Sequence[str]) -> None:
         for n in names:
             q = self.queues.get(n)
             if q is None:
@@ -472,7 +496,6 @@ class _Server:
             recs = records_for(q.exporter, records)
             if recs:
                 q.put([], recs)
-        self.received = seq
 
     def flush(self, seq: int, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -484,10 +507,12 @@ class _Server:
                 q.exporter.flush(max(0.1, deadline - time.monotonic()))
             except Exception:
                 pass
-        self.send(("flushed", seq, ok, self.stats()))
+        self.send(("flushed", seq, ok, self.stats(), self.settled()))
 
     def stop(self, timeout_s: float, failure: tuple[str, str] | None = None) -> None:
         deadline = time.monotonic() + timeout_s
+        # trajectories whose root never came (the trainer stopped or died mid-trajectory): what there is
+        self._deliver(self.builder.flush_partial(), tuple(self.queues))
         if failure is not None:
             for q in self.queues.values():
                 try:
@@ -526,7 +551,7 @@ class _Server:
                 break
             kind = msg[0]
             if kind == "batch":
-                self.put(msg[1], msg[2], msg[3])
+                self.put(*msg[1:])
             elif kind == "flush":
                 threading.Thread(target=self.flush, args=(msg[1], float(msg[2])), daemon=True).start()
             elif kind == "routing":

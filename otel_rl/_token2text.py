@@ -16,6 +16,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 
 from . import semconv as sc
 from ._values import warn_once
+from ._lightspan import LightSpan
 from .serialize import _dumps, to_json
 
 _log = logging.getLogger("otel_rl")
@@ -56,26 +57,33 @@ def _decode_all(tokenizer: Any, seqs: list[list[int]]) -> list[str]:
     return [str(tokenizer.decode(s)) for s in seqs]
 
 
-def decode_spans(spans: list, pending: dict[int, tuple], max_chars: int) -> list:
-    jobs = []  # (index in spans, tokenizer, prompt_ids, response_ids)
-    for i, span in enumerate(spans):
-        entry = pending.pop(span.context.span_id, None) if isinstance(span, ReadableSpan) else None
+def _span_id(span: Any) -> int:
+    ctx = span._context if type(span) is LightSpan else span.context
+    return ctx.span_id
+
+
+def decode_fields(spans: list, pending: dict[int, tuple]) -> dict[int, dict[str, str]]:
+    """Decode the ids noted for `spans` (their entries leave `pending`): span id -> the text fields."""
+    jobs = []  # (span id, tokenizer, prompt_ids, response_ids)
+    for span in spans:
+        sid = _span_id(span)
+        entry = pending.pop(sid, None)
         if entry is not None:
-            jobs.append((i, *entry))
+            jobs.append((sid, *entry))
     if not jobs:
-        return spans
+        return {}
     by_tok: dict[int, tuple[Any, list]] = {}
     for job in jobs:
         by_tok.setdefault(id(job[1]), (job[1], []))[1].append(job)
-    out = list(spans)
+    decoded: dict[int, dict[str, str]] = {}
     for tokenizer, tok_jobs in by_tok.values():
         seqs, where = [], []
-        for j, (idx, _tok, p, r) in enumerate(tok_jobs):
+        for sid, _tok, p, r in tok_jobs:
             for field, ids in ((sc.PROMPT_TEXT, p), (sc.RESPONSE_TEXT, r)):
                 if ids is not None:
                     try:
                         seqs.append(_as_list(ids))
-                        where.append((idx, field))
+                        where.append((sid, field))
                     except Exception:
                         pass
         try:
@@ -84,12 +92,24 @@ def decode_spans(spans: list, pending: dict[int, tuple], max_chars: int) -> list
             warn_once(f"token2text:{type(exc).__name__}", "otel-rl: token2text decoding failed (%s: %s)",
                       type(exc).__name__, exc)
             continue
-        decoded: dict[int, dict[str, str]] = {}
-        for (idx, field), text in zip(where, texts):
-            decoded.setdefault(idx, {})[field] = text
-        for idx, fields in decoded.items():
-            out[idx] = _with_texts(out[idx], fields, max_chars)
-    return out
+        for (sid, field), text in zip(where, texts):
+            decoded.setdefault(sid, {})[field] = text
+    return decoded
+
+
+def drop(spans: list, pending: dict[int, tuple]) -> None:
+    """Forget the ids noted for `spans` (nobody takes their texts)."""
+    for span in spans:
+        pending.pop(_span_id(span), None)
+
+
+def decode_spans(spans: list, pending: dict[int, tuple], max_chars: int) -> list:
+    """`spans` (SDK spans) with the decoded texts merged into their op outputs."""
+    decoded = decode_fields(spans, pending)
+    if not decoded:
+        return spans
+    return [with_texts(s, decoded[s.context.span_id], max_chars) if s.context.span_id in decoded else s
+            for s in spans]
 
 
 def _spliced(raw: str, fields: dict[str, str], max_chars: int) -> str | None:
@@ -103,15 +123,16 @@ def _spliced(raw: str, fields: dict[str, str], max_chars: int) -> str | None:
     return text if len(text) <= max_chars else None
 
 
-def _with_texts(span: ReadableSpan, fields: dict[str, str], max_chars: int) -> ReadableSpan:
-    attrs = dict(span.attributes or {})
+def merge_texts(attrs: dict, fields: dict[str, str], max_chars: int) -> None:
+    """Put the decoded `fields` into a span's attributes (in place): into its op output object when
+    that is a whole JSON object, else as attributes of their own."""
     raw = attrs.get(sc.RL_OP_OUTPUT)
-    merged = False
-    spliced = _spliced(raw, fields, max_chars) if isinstance(raw, str) and not attrs.get(sc.RL_TRUNCATED) else None
-    if spliced is not None:
-        attrs[sc.RL_OP_OUTPUT] = spliced
-        merged = True
-    elif isinstance(raw, str):
+    if isinstance(raw, str) and not attrs.get(sc.RL_TRUNCATED):
+        spliced = _spliced(raw, fields, max_chars)
+        if spliced is not None:
+            attrs[sc.RL_OP_OUTPUT] = spliced
+            return
+    if isinstance(raw, str):
         try:
             obj = json.loads(raw)
         except ValueError:
@@ -122,10 +143,14 @@ def _with_texts(span: ReadableSpan, fields: dict[str, str], max_chars: int) -> R
             attrs[sc.RL_OP_OUTPUT] = text
             if truncated:
                 attrs[sc.RL_TRUNCATED] = True
-            merged = True
-    if not merged:
-        for k, v in fields.items():
-            attrs[k] = v[:max_chars]
+            return
+    for k, v in fields.items():
+        attrs[k] = v[:max_chars]
+
+
+def with_texts(span: ReadableSpan, fields: dict[str, str], max_chars: int) -> ReadableSpan:
+    attrs = dict(span.attributes or {})
+    merge_texts(attrs, fields, max_chars)
     return ReadableSpan(span.name, context=span.context, parent=span.parent, resource=span.resource,
                         attributes=attrs, events=span.events, links=span.links, kind=span.kind,
                         status=span.status, start_time=span.start_time, end_time=span.end_time,

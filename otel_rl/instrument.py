@@ -371,8 +371,7 @@ def _start_op_span(meta: _OpMeta, args: tuple, kwargs: dict) -> Any:
     return RT.light.start(meta.name, parent if parent.is_valid else None, attrs)
 
 
-def _usage_from(result: Any) -> tuple[int | None, int | None]:
-    ids = extract_ids(result)
+def _usage_from(result: Any, ids: tuple | None) -> tuple[int | None, int | None]:
     pin = pout = None
     if ids is not None:
         p, r = ids
@@ -387,21 +386,27 @@ def _usage_from(result: Any) -> tuple[int | None, int | None]:
 
 
 def _finish_op_span(span: Any, meta: _OpMeta, result: Any, args: tuple) -> None:
+    # `span` is a LightSpan (RT.light) still recording: otel-rl's own attributes, valid by construction,
+    # go straight into its attribute dict
+    attrs = span._attributes
     text, truncated = to_json(result, RT.max_chars)
-    span.set_attribute(_OP_OUTPUT, text)
+    attrs[_OP_OUTPUT] = text
     if truncated:
-        span.set_attribute(_TRUNCATED, True)
+        attrs[_TRUNCATED] = True
+    ids = None
     if meta.kind == _KIND_LLM:
         try:
-            pin, pout = _usage_from(result)
+            ids = extract_ids(result)
+            pin, pout = _usage_from(result, ids)
             if pin is not None:
-                span.set_attribute(sc.GEN_AI_USAGE_INPUT_TOKENS, int(pin))
+                attrs[sc.GEN_AI_USAGE_INPUT_TOKENS] = int(pin)
             if pout is not None:
-                span.set_attribute(sc.GEN_AI_USAGE_OUTPUT_TOKENS, int(pout))
+                attrs[sc.GEN_AI_USAGE_OUTPUT_TOKENS] = int(pout)
         except Exception:
             pass
     if RT.token2text:
-        ids = extract_ids(result)
+        if ids is None:
+            ids = extract_ids(result)
         if ids is not None:
             tok = RT.tokenizer
             if tok is None and meta.is_method and args:

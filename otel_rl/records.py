@@ -184,6 +184,15 @@ def _tree(spans: Sequence[Any], root_span: Any | None) -> tuple[SpanNode, bool]:
     return root, complete
 
 
+def is_record_span(span: Any) -> bool:
+    """A span that `RecordBuilder` turns into a record of its own (a log() call, a generations table,
+    the run start) rather than a part of a trajectory."""
+    name = span.name
+    if name == sc.SPAN_LOG or name == sc.SPAN_GENERATIONS:
+        return sc.RL_STEP in (span.attributes or {})
+    return name == sc.SPAN_RUN and span.parent is None
+
+
 class RecordBuilder:
     """Stateful: spans of a trajectory are held until its root span ends."""
 
@@ -233,6 +242,10 @@ class RecordBuilder:
                     out.extend(self._partial(old))
             group.append(span)
         return out
+
+    def pending(self) -> list[list[Any]]:
+        """The spans held for trajectories whose root has not ended, per trace (oldest first)."""
+        return list(self._pending.values())
 
     def flush_partial(self) -> list[Record]:
         """Traces whose root never ended (process ending): emit what there is."""

@@ -44,6 +44,9 @@ from trackers.test_mlflow import (  # noqa: E402
     check_traces,
     get_run,
     sqlite_uri,  # noqa: F401  (module-scoped fixture: one sqlite database for this module)
+    calculator,
+    generate,
+    plan,
     traces_of,
     workload,
 )
@@ -472,6 +475,44 @@ def test_export_process_sigkilled_exporters_continue_in_the_trainer(store, monke
     assert_steps(store, name, range(1, 16), exactly_once=False)
     exp, run = get_run(MlflowClient(store), name)  # one run: the trainer's exporter re-attached to it
     assert run.info.status == "FINISHED" and run.data.tags[otel_rl_mlflow.RUN_ID_TAG] == h.run_id
+
+
+def test_trajectories_in_flight_when_the_export_process_dies_arrive_whole(store, monkeypatch, caplog):
+    """The export process builds trajectories from the spans it is sent.  Spans it holds for a trajectory
+    whose root has not ended are not settled: when it dies they are sent again, with the rest of that
+    trajectory, to the exporter that takes over in the trainer, which stores the trajectory whole."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
+    name = project("traj-death")
+    h = start(project=name, experiment="e", exporters=["mlflow"], trace_backend="mlflow", batch_delay_s=0.05,
+              export_process="true")
+    pid = h._sidecar.pid
+    with otel_rl.step(1):
+        with otel_rl.trajectory(sample_index=0, rollout_n=0):  # A: delivered by the export process
+            plan("a")
+            generate([1, 2, 3])
+    assert h.flush(60)
+    with otel_rl.step(2):
+        with otel_rl.trajectory(sample_index=0, rollout_n=0):  # B: started before the death, ended after
+            plan("b")
+            generate([4, 5])
+            time.sleep(0.3)  # > batch_delay_s: these two spans are in the export process, held for B
+            assert h.flush(60)  # delivered everything it could; B's spans are not settled
+            os.kill(pid, signal.SIGKILL)
+            assert wait_gone(pid, 10)
+            calculator("2+2", tool_call_id="c-b")
+        with otel_rl.trajectory(sample_index=1, rollout_n=0):  # C: after the death
+            plan("c")
+    assert h.flush(60)
+    assert "export process ended unexpectedly" in caplog.text
+    h.shutdown()
+    exp, run = get_run(MlflowClient(store), name)
+    found = {(tr.info.tags["step"], tr.info.tags["sample_index"]): sorted(s.name for s in tr.data.spans)
+             for tr in traces_of(exp.experiment_id, run_id=run.info.run_id)}
+    assert found == {
+        ("1", "0"): sorted(["rl.trajectory", "plan", "chat policy-7b"]),
+        ("2", "0"): sorted(["rl.trajectory", "plan", "chat policy-7b", "execute_tool calculator"]),
+        ("2", "1"): sorted(["rl.trajectory", "plan"]),
+    }
 
 
 def _three_steps_delivered(store: str, monkeypatch: Any, label: str) -> tuple[Any, str]:

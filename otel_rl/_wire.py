@@ -1,0 +1,95 @@
+"""Spans as plain tuples, for the export process.
+
+With tracker exporters in the export process (`otel_rl._sidecar`), the training process does
+not build trajectory records: the pipeline packs each ended span into a tuple of plain values
+(cheap to make and to pickle) and the export process unpacks them into `WireSpan`s, which
+offer what `otel_rl.records.RecordBuilder` reads of a span, and builds the records there.
+
+A packed span::
+
+    (trace_id, span_id, parent_span_id or 0, name, start_ns, end_ns, attributes (a dict),
+     events (None or a tuple of (name, time_ns, attributes)), status code name, status description)
+
+Links are not carried: trajectory records do not use them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from ._lightspan import LightSpan
+
+
+def pack(span: Any) -> tuple:
+    """A `LightSpan` (ended) or an SDK `ReadableSpan` as a tuple (attributes copied)."""
+    if type(span) is LightSpan:
+        ctx = span._context
+        parent = span._parent
+        events = span._events
+        st = span._status
+        return (ctx.trace_id, ctx.span_id, parent.span_id if parent is not None else 0, span._name, span._start,
+                span._end, dict(span._attributes),
+                tuple((e.name, e.timestamp, dict(e.attributes or {})) for e in events) if events else None,
+                st.status_code.name, st.description)
+    ctx = span.context
+    parent = span.parent
+    events = span.events
+    st = span.status
+    return (ctx.trace_id, ctx.span_id, parent.span_id if parent is not None else 0, span.name, span.start_time or 0,
+            span.end_time or 0, dict(span.attributes or {}),
+            tuple((e.name, e.timestamp, dict(e.attributes or {})) for e in events) if events else None,
+            st.status_code.name, st.description)
+
+
+class _Ctx:
+    __slots__ = ("trace_id", "span_id")
+
+    def __init__(self, trace_id: int, span_id: int):
+        self.trace_id = trace_id
+        self.span_id = span_id
+
+
+class _Status:
+    __slots__ = ("status_code", "description")
+
+    def __init__(self, code: str, description: str | None):
+        self.status_code = code  # records._status reads `.name` if present, else str(): the name itself
+        self.description = description
+
+
+class _Event:
+    __slots__ = ("name", "timestamp", "attributes")
+
+    def __init__(self, name: str, timestamp: int, attributes: dict):
+        self.name = name
+        self.timestamp = timestamp
+        self.attributes = attributes
+
+
+class _Resource:
+    __slots__ = ("attributes",)
+
+    def __init__(self, attributes: Mapping[str, Any]):
+        self.attributes = attributes
+
+
+class WireSpan:
+    """An unpacked span: the parts of a `ReadableSpan` that the record builder reads."""
+
+    __slots__ = ("name", "context", "parent", "attributes", "events", "status", "start_time", "end_time", "resource",
+                 "seq")
+
+    def __init__(self, t: tuple, resource: _Resource, seq: int = 0):
+        trace_id, span_id, parent_id, self.name, self.start_time, self.end_time, self.attributes, events, code, desc = t
+        self.context = _Ctx(trace_id, span_id)
+        self.parent = _Ctx(trace_id, parent_id) if parent_id else None
+        self.events = tuple(_Event(*e) for e in events) if events else ()
+        self.status = _Status(code, desc)
+        self.resource = resource
+        self.seq = seq  # the batch it came in (the export process settles batches by it)
+
+
+def unpack(packed: Iterable[tuple], resource_attributes: Mapping[str, Any], seq: int = 0) -> list[WireSpan]:
+    res = _Resource(resource_attributes)
+    return [WireSpan(t, res, seq) for t in packed]
