@@ -133,12 +133,21 @@ def main() -> None:
         table[key] = {"on": a, "off": b, "ratio": ratio, "paired": paired}
         print(f"{label:<28}{min(a):>10.2f}{statistics.median(a):>10.2f}{min(b):>10.2f}{statistics.median(b):>10.2f}"
               f"{ratio:>9.3f}{paired:>9.3f}")
+    pairs = sorted(a["wall_s"] / b["wall_s"] for a, b in zip(on, off))
+    tpairs = sorted(a["train_s"] / b["train_s"] for a, b in zip(on, off))
+    if len(pairs) >= 4:
+        q = statistics.quantiles(pairs, n=4)
+        tq = statistics.quantiles(tpairs, n=4)
+        print(f"paired ratios, quartiles: training loop {tq[0]:.3f} / {tq[1]:.3f} / {tq[2]:.3f}; "
+              f"wall time {q[0]:.3f} / {q[1]:.3f} / {q[2]:.3f}")
     sps_on = steps / min(r["train_s"] for r in on)
     sps_off = steps / min(r["train_s"] for r in off)
     print(f"{'steps/s (best run)':<28}{sps_on:>10.2f}{'':>10}{sps_off:>10.2f}{'':>10}{sps_on / sps_off:>9.3f}")
     slower = (table["train_s"]["ratio"] - 1) * 100
     print(f"training loop with telemetry on: {slower:+.1f}% (min vs min; goal <= +2%), "
           f"paired median {(table['train_s']['paired'] - 1) * 100:+.1f}%")
+    print(f"process wall time with telemetry on: {(table['wall_s']['ratio'] - 1) * 100:+.1f}% (min vs min), "
+          f"paired median {(table['wall_s']['paired'] - 1) * 100:+.1f}%")
     if parts:
         base = statistics.median(r["train_s"] for r in off)
         print(f"breakdown (one run each; training loop vs the median 'off' run, {base:.2f} s):")

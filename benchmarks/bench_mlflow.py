@@ -13,8 +13,11 @@ Metric values/s (100 verl-named keys per step):
   limit       MlflowClient.log_batch of 1000 prebuilt Metric objects (MLflow's per-request
               maximum): the store's limit
 Traces/s (4-span trajectories: AGENT root, CHAIN, LLM with token usage, TOOL; 5 trace tags):
-  ours        MlflowExporter.export_records(Trajectory records): build MLflow spans, log_spans
-              of up to 100 traces per call, link_traces_to_run
+  ours        MlflowExporter.export_records(Trajectory records): build MLflow spans; on sqlite the
+              direct writer (otel_rl_mlflow._bulk: the rows log_spans + link_traces_to_run
+              write, verified against them for the first trajectory of each shape)
+  ours, MLflow path   the same with OTEL_RL_MLFLOW_BULK_TRACES=false: log_spans of up to 100
+              traces per call, link_traces_to_run
   verl        mlflow.start_span per op (verl's mlflow trace backend), tags via
               update_current_trace, async export drained with flush_trace_async_logging()
   batched     TracingClient.log_spans of prebuilt MLflow spans, 100 traces per call, no
@@ -29,6 +32,7 @@ ratio = ours / other, also as the median of the per-round ratios.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import platform
 import shutil
@@ -203,13 +207,20 @@ def bench_traces(uri: str, n_rounds: int, per_round: int) -> list[Result]:
     tracing = TracingClient(uri)
     exp_id = client.create_experiment("bench-traces")
     ours = Result("ours (exporter)", "traces/s")
+    slow = Result("ours, MLflow path", "traces/s")
     verl = Result("verl: mlflow.start_span per op", "traces/s")
     batched = Result("batched: log_spans x100, prebuilt", "traces/s")
     cfg = resolve(project="bench-traces", experiment="ours", trace_backend="mlflow")
     ident = RunIdentity("bench-traces", cfg.experiment, cfg.run_id)
     exporter = MlflowExporter(cfg, tracking_uri=uri)
     exporter.export_records([RunStart(ident, {}, 0, time.time_ns())])
-    trajs = make_trajectories(per_round * n_rounds * 2, ident)
+    cfg2 = resolve(project="bench-traces", experiment="mlflow-path", trace_backend="mlflow")
+    ident2 = RunIdentity("bench-traces", cfg2.experiment, cfg2.run_id)
+    mlflow_path = MlflowExporter(cfg2, tracking_uri=uri)
+    mlflow_path._bulk = False  # as with OTEL_RL_MLFLOW_BULK_TRACES=false: log_spans + link_traces_to_run
+    mlflow_path.export_records([RunStart(ident2, {}, 0, time.time_ns())])
+    trajs = make_trajectories(per_round * n_rounds * 3, ident)
+    trajs2 = [dataclasses.replace(t, run=ident2) for t in trajs]
     builder = SpanBuilder()
     n_verl = max(5, per_round // 10)
     mlflow.set_tracking_uri(uri)
@@ -217,13 +228,19 @@ def bench_traces(uri: str, n_rounds: int, per_round: int) -> list[Result]:
     mlflow.start_run(run_name="verl")
 
     def run_ours(r: int) -> tuple[int, float]:
-        mine = trajs[2 * r * per_round:(2 * r + 1) * per_round]
+        mine = trajs[3 * r * per_round:(3 * r + 1) * per_round]
         t0 = time.perf_counter()
         exporter.export_records(mine)
         return len(mine), time.perf_counter() - t0
 
+    def run_slow(r: int) -> tuple[int, float]:
+        mine = trajs2[(3 * r + 1) * per_round:(3 * r + 2) * per_round]
+        t0 = time.perf_counter()
+        mlflow_path.export_records(mine)
+        return len(mine), time.perf_counter() - t0
+
     def run_batched(r: int) -> tuple[int, float]:
-        mine = trajs[(2 * r + 1) * per_round:(2 * r + 2) * per_round]
+        mine = trajs[(3 * r + 2) * per_round:(3 * r + 3) * per_round]
         secs = 0.0
         for i in range(0, len(mine), 100):
             spans = [s for t in mine[i:i + 100] for s in builder.spans(t)]  # built outside the timing
@@ -257,11 +274,12 @@ def bench_traces(uri: str, n_rounds: int, per_round: int) -> list[Result]:
         return n_verl, time.perf_counter() - t0
 
     try:
-        rounds([(ours, run_ours), (verl, run_verl), (batched, run_batched)], n_rounds)
+        rounds([(ours, run_ours), (slow, run_slow), (verl, run_verl), (batched, run_batched)], n_rounds)
     finally:
         mlflow.end_run()
         exporter.shutdown()
-    return [ours, verl, batched]
+        mlflow_path.shutdown()
+    return [ours, slow, verl, batched]
 
 
 # ----------------------------------------------------------------------------- report
@@ -303,6 +321,8 @@ def main() -> None:
         t = bench_traces(uri, n_rounds, per_round)
         report("traces/s, 4-span trajectories (sqlite)", t,
                [("ours (exporter)", "batched: log_spans x100, prebuilt"),
+                ("ours (exporter)", "ours, MLflow path"),
+                ("ours, MLflow path", "batched: log_spans x100, prebuilt"),
                 ("ours (exporter)", "verl: mlflow.start_span per op")])
     finally:
         os.chdir("/")
