@@ -673,7 +673,7 @@ class Pipeline:
         self.dropped = 0
         self._ids = RandomIdGenerator()
         self._builder = RecordBuilder()
-        self._takeover: Takeover | None = None
+        self._takeover: Receiver | None = None
         self._resource_attrs = dict(resource.attributes) if resource is not None else {}
         self.pending_decode: dict[int, tuple] = {}
         self.queues = [DeliveryQueue(e, config.queue_size, config=config) for e in exporters
@@ -697,14 +697,14 @@ class Pipeline:
         self._items.append(_AddQueue(q))  # attached by the worker, after what was submitted before
         self._wake.set()
 
-    def adopt(self, remote: Any, exporters: Sequence[Any]) -> Takeover:
+    def adopt(self, remote: Any, exporters: Sequence[Any]) -> Receiver:
         """Replace the export process `remote` by in-process queues for `exporters` (its death).  They
         keep getting what the export process got: records, and packed spans that the returned
-        `Takeover` turns into trajectories, as the export process did."""
+        `Receiver` turns into trajectories, as the export process did."""
         made = {e.name: DeliveryQueue(e, self.config.queue_size, config=self.config) for e in exporters}
         for q in made.values():
             q.adopted = True
-        self._takeover = Takeover(made)
+        self._takeover = Receiver(made)
         self.queues = [q for q in self.queues if not q.remote] + list(made.values())
         if self.remote is remote:
             self.remote = None
@@ -824,22 +824,19 @@ class Pipeline:
         the export process (or the queues that took over from it), which builds its trajectories."""
         ship = self._ship()
         local = self._local_wants_spans()
-        shipped: list = []
-        if ship or local:
-            shipped = [s for s in spans if type(s) is LightSpan or not is_record_span(s)]
+        # spans that are parts of trajectories (not a log() call, a generations table, the run start)
+        parts = [s for s in spans if type(s) is LightSpan or not is_record_span(s)]
         texts = {}
         if self.pending_decode:
+            from ._token2text import decode_fields, drop
+
             if ship or local:
-                from ._token2text import decode_fields
-
-                texts = decode_fields(shipped, self.pending_decode)
+                texts = decode_fields(parts, self.pending_decode)
             else:
-                from ._token2text import drop
-
-                drop([s for s in spans if type(s) is LightSpan or not is_record_span(s)], self.pending_decode)
+                drop(parts, self.pending_decode)
         wire = None
         if ship:
-            wire = [pack(s) for s in shipped]
+            wire = [pack(s) for s in parts]
             if texts:
                 from ._token2text import merge_texts
 
@@ -858,7 +855,7 @@ class Pipeline:
                        for s in out]
             records = self._builder.build(out)
         else:
-            out = [s for s in spans if type(s) is not LightSpan and is_record_span(s)]
+            out = [s for s in spans if type(s) is not LightSpan and is_record_span(s)]  # the record spans
             records = self._builder.build(out)
         self._process(records, out, stats, wire=wire)
 
@@ -952,31 +949,43 @@ class Pipeline:
 
 
 
-class Takeover:
-    """The export process's exporters, continued in this process after it died (`Pipeline.adopt`):
-    what the export process was sent (records and packed spans) is delivered to their queues, the
-    trajectories built from the spans here, as the export process built them."""
+class Receiver:
+    """Queues fed what the training process ships to its export process: records, and packed spans
+    (`otel_rl._wire`) whose trajectories are built here.  The export process has one; so do the queues
+    that take over in the training process when it dies (`Pipeline.adopt`)."""
 
-    def __init__(self, queues: dict[str, DeliveryQueue]):
+    def __init__(self, queues: dict[str, Any], on_missing: Any = None):
         self.queues = queues
+        self.on_missing = on_missing  # called (name, n records) for a name without a queue
         self._builder = RecordBuilder()
         self._lock = threading.Lock()
 
     def put(self, records: list, names: Sequence[str], wire: list | None = None,
-            resource_attrs: dict | None = None) -> None:
+            resource_attrs: dict | None = None, seq: int = 0) -> None:
         with self._lock:
-            trajs = self._builder.build(unpack(wire, resource_attrs or {})) if wire else []
-        self._deliver(list(records) + trajs, names)
+            trajs = self._builder.build(unpack(wire, resource_attrs or {}, seq)) if wire else []
+        self.deliver(list(records) + trajs, names)
 
     def flush_partial(self) -> None:
+        """Trajectories whose root never came: what there is, to every queue that takes trajectories."""
         with self._lock:
             partial = self._builder.flush_partial()
-        self._deliver(partial, tuple(self.queues))
+        self.deliver(partial, tuple(self.queues))
 
-    def _deliver(self, records: list, names: Sequence[str]) -> None:
+    def held_since(self) -> int | None:
+        """The oldest batch seq of spans held for a trajectory whose root has not come; None if none."""
+        with self._lock:
+            held = [g[0].seq for g in self._builder.pending() if g]
+        return min(held) if held else None
+
+    def deliver(self, records: list, names: Sequence[str]) -> None:
         for n in names:
             q = self.queues.get(n)
-            recs = records_for(q.exporter, records) if q is not None else None
+            if q is None:
+                if self.on_missing is not None:
+                    self.on_missing(n, len(records))
+                continue
+            recs = records_for(q.exporter, records)
             if recs:
                 q.put([], recs)
 

@@ -52,10 +52,10 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from ._pipeline import DeliveryQueue, ExporterStats, records_for
+from ._pipeline import DeliveryQueue, ExporterStats, Receiver
 from .exporters.base import Exporter
-from ._wire import unpack
-from .records import RecordBuilder, Trajectory
+from .exporters.tracker import on_uncaught_exception, run_failure
+from .records import Trajectory
 
 _log = logging.getLogger("otel_rl")
 _HDR = struct.Struct("<I")
@@ -95,29 +95,14 @@ def _read(f: Any) -> Any:
 # ----------------------------------------------------------------------------- trainer side
 
 _failure: tuple[str, str] | None = None  # the training process's uncaught exception: (state, traceback)
-_hook_installed = False
 
 
-def _install_excepthook() -> None:
-    """Once per process: remember an uncaught exception, so the export process can tell the trackers
-    how the run ended (SwanLab's crashed / aborted state), as they would see it in-process."""
-    global _hook_installed
-    if _hook_installed:
-        return
-    _hook_installed = True
-    previous = sys.excepthook
-
-    def excepthook(tp: Any, value: Any, tb: Any) -> None:
-        global _failure
-        if _failure is None and not (hasattr(sys, "ps1") or sys.flags.interactive):
-            import traceback
-
-            state = "aborted" if isinstance(tp, type) and issubclass(tp, KeyboardInterrupt) else "crashed"
-            _failure = (state, "".join(traceback.format_exception(tp, value, tb)))
-        previous(tp, value, tb)
-
-    sys.excepthook = excepthook
-
+def _remember_failure(tp: Any, value: Any, tb: Any) -> None:
+    """So the export process can tell the trackers how the run ended (SwanLab's crashed / aborted state),
+    as they would see it in-process."""
+    global _failure
+    if _failure is None:
+        _failure = run_failure(tp, value, tb)
 
 
 class RemoteExporter(Exporter):
@@ -203,7 +188,7 @@ class SidecarClient:
         self._adopted = threading.Event()
         self.fallback: Callable[[list, Sequence[str]], None] | None = None
         self.dropped = 0
-        _install_excepthook()
+        on_uncaught_exception(_remember_failure)
         r_in, w_in = os.pipe()  # trainer -> child
         r_out, w_out = os.pipe()  # child -> trainer
         env = dict(os.environ)
@@ -418,7 +403,7 @@ class _Server:
         self.queues: dict[str, DeliveryQueue] = {}
         self.errors: dict[str, str] = {}
         self.received = 0  # highest batch seq put into the queues
-        self.builder = RecordBuilder()  # trajectories from the packed spans (otel_rl._wire)
+        self.receiver = Receiver(self.queues, on_missing=self._missing)  # builds trajectories of packed spans
         self.stop_event = threading.Event()
         self._dropped_failed: dict[str, int] = {}
 
@@ -441,8 +426,8 @@ class _Server:
         seq = self.received
         if not all(q.stats.in_memory == 0 for q in self.queues.values()):
             return 0
-        held = [g[0].seq for g in self.builder.pending() if g]
-        return min(seq, min(held) - 1) if held else seq
+        held = self.receiver.held_since()
+        return min(seq, held - 1) if held is not None else seq
 
     def start(self, config: Any, exporters: list, queue_size: int) -> None:
         from .exporters import registry
@@ -481,21 +466,12 @@ class _Server:
 
     def put(self, seq: int, records: list, names: Sequence[str], wire: list | None = None,
             resource_attrs: dict | None = None) -> None:
-        if wire:
-            records = list(records) + self.builder.build(unpack(wire, resource_attrs or {}, seq))
-        self._deliver(records, names)
+        self.receiver.put(records, names, wire, resource_attrs, seq)
         self.received = seq
 
-    def _deliver(self, records: list, names: Sequence[str]) -> None:
-        for n in names:
-            q = self.queues.get(n)
-            if q is None:
-                if n in self.errors:
-                    self._dropped_failed[n] = self._dropped_failed.get(n, 0) + len(records)
-                continue
-            recs = records_for(q.exporter, records)
-            if recs:
-                q.put([], recs)
+    def _missing(self, name: str, n: int) -> None:
+        if name in self.errors:  # an exporter that could not start: what it misses is counted as dropped
+            self._dropped_failed[name] = self._dropped_failed.get(name, 0) + n
 
     def flush(self, seq: int, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -512,7 +488,7 @@ class _Server:
     def stop(self, timeout_s: float, failure: tuple[str, str] | None = None) -> None:
         deadline = time.monotonic() + timeout_s
         # trajectories whose root never came (the trainer stopped or died mid-trajectory): what there is
-        self._deliver(self.builder.flush_partial(), tuple(self.queues))
+        self.receiver.flush_partial()
         if failure is not None:
             for q in self.queues.values():
                 try:

@@ -24,20 +24,12 @@ from ._lightspan import LightSpan
 def pack(span: Any) -> tuple:
     """A `LightSpan` (ended) or an SDK `ReadableSpan` as a tuple (attributes copied)."""
     if type(span) is LightSpan:
-        ctx = span._context
-        parent = span._parent
-        events = span._events
-        st = span._status
-        return (ctx.trace_id, ctx.span_id, parent.span_id if parent is not None else 0, span._name, span._start,
-                span._end, dict(span._attributes),
-                tuple((e.name, e.timestamp, dict(e.attributes or {})) for e in events) if events else None,
-                st.status_code.name, st.description)
-    ctx = span.context
-    parent = span.parent
-    events = span.events
-    st = span.status
-    return (ctx.trace_id, ctx.span_id, parent.span_id if parent is not None else 0, span.name, span.start_time or 0,
-            span.end_time or 0, dict(span.attributes or {}),
+        ctx, parent, name, start, end = span._context, span._parent, span._name, span._start, span._end
+        attrs, events, st = span._attributes, span._events, span._status
+    else:
+        ctx, parent, name, start, end = span.context, span.parent, span.name, span.start_time or 0, span.end_time or 0
+        attrs, events, st = span.attributes or {}, span.events, span.status
+    return (ctx.trace_id, ctx.span_id, parent.span_id if parent is not None else 0, name, start, end, dict(attrs),
             tuple((e.name, e.timestamp, dict(e.attributes or {})) for e in events) if events else None,
             st.status_code.name, st.description)
 

@@ -147,3 +147,44 @@ def flatten_config(params: Any, sep: str = "/") -> dict[str, Any]:
     if params is not None:
         walk("", params)
     return out
+
+
+# -- uncaught exceptions ----------------------------------------------------------------------------
+
+_uncaught_hooks: list[Any] = []
+
+
+def on_uncaught_exception(fn: Any) -> None:
+    """Call ``fn(type, value, traceback)`` when this process ends with an uncaught exception, before the
+    excepthook that was in place when the first such function was registered.  Once per function; an
+    error in `fn` never masks the original one."""
+    import sys
+
+    if fn in _uncaught_hooks:
+        return
+    _uncaught_hooks.append(fn)
+    if len(_uncaught_hooks) > 1:
+        return
+    previous = sys.excepthook
+
+    def excepthook(tp: Any, value: Any, tb: Any) -> None:
+        for hook in list(_uncaught_hooks):
+            try:
+                hook(tp, value, tb)
+            except Exception:  # pragma: no cover - never mask the original error
+                pass
+        previous(tp, value, tb)
+
+    sys.excepthook = excepthook
+
+
+def run_failure(tp: Any, value: Any, tb: Any) -> tuple[str, str] | None:
+    """How an uncaught exception ends a tracker run: ("aborted" for Ctrl-C, else "crashed", the traceback).
+    None in an interactive session, which goes on after it."""
+    import sys
+    import traceback
+
+    if hasattr(sys, "ps1") or sys.flags.interactive:
+        return None
+    state = "aborted" if isinstance(tp, type) and issubclass(tp, KeyboardInterrupt) else "crashed"
+    return state, "".join(traceback.format_exception(tp, value, tb))

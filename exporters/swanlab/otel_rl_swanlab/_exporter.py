@@ -10,14 +10,13 @@ import os
 import re
 import sys
 import threading
-import traceback
 import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
 from otel_rl import semconv as sc
-from otel_rl.exporters.tracker import TrackerExporter
+from otel_rl.exporters.tracker import TrackerExporter, on_uncaught_exception, run_failure
 from otel_rl.records import Generations, RunIdentity, RunStart, StepMetrics, Trajectory, merge_step_metrics
 
 from ._keys import KeyMap, clean_text, warn_once
@@ -109,7 +108,7 @@ class SwanlabExporter(TrackerExporter):
         # interpreter exits fails (concurrent.futures cannot register its exit hook any more).
         import swanlab  # noqa: F401
 
-        _install_excepthook()
+        on_uncaught_exception(_on_uncaught)  # failures before any SwanLab run is open (SwanLab hooks in at init)
         _live.add(self)
         if getattr(config, "trace_backend", None) == self.tracker_name:
             warn_once("swanlab-traces", "otel-rl: SwanLab has no trace view; trajectories are not sent to SwanLab "
@@ -420,7 +419,6 @@ class SwanlabExporter(TrackerExporter):
 
 _live: weakref.WeakSet[SwanlabExporter] = weakref.WeakSet()
 _crash: tuple[str, str] | None = None  # (SwanLab finish state, traceback) once the process is failing
-_excepthook_installed = False
 
 
 def _mark_failed(state: str, text: str) -> None:
@@ -432,10 +430,8 @@ def _mark_failed(state: str, text: str) -> None:
 def _on_uncaught(tp: Any, value: Any, tb: Any) -> None:
     """Remember the failure (runs are finished as crashed / aborted) and deliver what is queued."""
     global _crash
-    interactive = hasattr(sys, "ps1") or sys.flags.interactive  # a REPL goes on after an uncaught error
-    if _crash is None and not interactive:
-        state = "aborted" if isinstance(tp, type) and issubclass(tp, KeyboardInterrupt) else "crashed"
-        _crash = (state, "".join(traceback.format_exception(tp, value, tb)))
+    if _crash is None:
+        _crash = run_failure(tp, value, tb)  # None in a REPL, which goes on after an uncaught error
     for exporter in list(_live):
         if exporter._closed:
             continue
@@ -443,21 +439,6 @@ def _on_uncaught(tp: Any, value: Any, tb: Any) -> None:
             exporter._deliver_pending(flush_only=True)
         except Exception:  # pragma: no cover - never mask the original error
             pass
-
-
-def _install_excepthook() -> None:
-    """Once per process, for failures before any SwanLab run is open (SwanLab hooks in at init)."""
-    global _excepthook_installed
-    if _excepthook_installed:
-        return
-    _excepthook_installed = True
-    previous = sys.excepthook
-
-    def excepthook(tp: Any, value: Any, tb: Any) -> None:
-        _on_uncaught(tp, value, tb)
-        previous(tp, value, tb)
-
-    sys.excepthook = excepthook
 
 
 def _init_params(fn: Any) -> set[str]:
