@@ -29,6 +29,7 @@ import argparse
 import compileall
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -48,6 +49,13 @@ PARTS = {
     "swanlab": ["trainer.logger=[swanlab]", "actor_rollout_ref.rollout.trace.backend=null"],
     "traces -> memory": ["trainer.logger=[]", "actor_rollout_ref.rollout.trace.backend=memory"],
     "traces -> mlflow": ["trainer.logger=[]", "actor_rollout_ref.rollout.trace.backend=mlflow"],
+}
+#: --lockstep A,B also takes these: all the metrics of "on" without traces, and its traces without metrics
+LOCKSTEP_PARTS = {
+    "metrics": ['trainer.logger=["console","mlflow","file","wandb","swanlab"]',
+                "actor_rollout_ref.rollout.trace.backend=null"],
+    "traces": ["trainer.logger=[]", "actor_rollout_ref.rollout.trace.backend=mlflow",
+               "actor_rollout_ref.rollout.trace.max_samples_per_step_per_worker=4"],
 }
 CLEAN_ENV = ("MLFLOW_TRACKING_URI", "WANDB_DIR", "SWANLAB_LOG_DIR", "OTEL_RL_JSONL_PATH", "VERL_FILE_LOGGER_PATH",
              "VERL_FILE_LOGGER_ROOT", "OTEL_RL_EXPORTERS", "OTEL_SDK_DISABLED")
@@ -74,11 +82,157 @@ def run_once(variant: str, seed: int, steps: int | None, extra: list[str], workd
     return data
 
 
+class Paced:
+    """One variant's demo process, paused between training steps (see ``_lockstep_demo.py``)."""
+
+    def __init__(self, variant: str, seed: int, steps: int | None, extra: list[str], workdir: Path,
+                 config: str | None = None):
+        self.variant = variant
+        config = config or variant
+        self.report = workdir / f"lockstep-{variant}.json"
+        self.log = open(workdir / f"lockstep-{variant}.log", "w+b")
+        r_done, w_done = os.pipe()
+        r_go, self.go = os.pipe()
+        cmd = [sys.executable, str(Path(__file__).with_name("_lockstep_demo.py")), "demo", "--no-progress",
+               "--seed", str(seed), "--output-dir", str(workdir / f"lockstep-{variant}"),
+               "--report-json", str(self.report)]
+        if steps is not None:
+            cmd += ["--steps", str(steps)]
+        cmd += (ON if config == "on" else OFF if config == "off" else {**PARTS, **LOCKSTEP_PARTS}[config]) + extra
+        env = {k: v for k, v in os.environ.items() if k not in CLEAN_ENV}
+        env.update(WANDB_MODE="offline", SWANLAB_MODE="offline", WANDB_SILENT="true",
+                   LOCKSTEP_DONE_FD=str(w_done), LOCKSTEP_GO_FD=str(r_go))
+        self.t0 = time.perf_counter()
+        # a session of its own: one signal stops the demo, its threads, its export process and their children
+        self.proc = subprocess.Popen(cmd, env=env, cwd=workdir, pass_fds=(w_done, r_go), start_new_session=True,
+                                     stdout=subprocess.DEVNULL, stderr=self.log)
+        os.close(w_done)
+        os.close(r_go)
+        self.done = os.fdopen(r_done, "r")
+        self.steps: dict[int, float] = {}  # step -> seconds (wall) of the training loop for it
+        self.cpu: dict[int, float] = {}  # step -> CPU seconds of the training thread for it
+        self.faults: dict[int, int] = {}  # step -> page faults (minor) of the training thread in it
+
+    def wait_step(self) -> int:
+        line = self.done.readline()
+        if not line:
+            self.log.seek(0)
+            sys.exit(f"{self.variant} run failed:\n{self.log.read().decode(errors='replace')[-3000:]}")
+        k, seconds, cpu, faults = line.split()
+        self.faults[int(k)] = int(faults)
+        self.steps[int(k)] = float(seconds)
+        self.cpu[int(k)] = float(cpu)
+        return int(k)
+
+    def pause(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGCONT)
+        os.write(self.go, b"g")
+
+    def finish(self) -> dict:
+        """Let it run to its end (the final flush, the tracker runs closed, the process gone)."""
+        t0 = time.perf_counter()
+        self.resume()
+        os.close(self.go)
+        rc = self.proc.wait()
+        self.tail_s = time.perf_counter() - t0
+        if rc != 0:
+            self.log.seek(0)
+            sys.exit(f"{self.variant} run failed ({rc}):\n{self.log.read().decode(errors='replace')[-3000:]}")
+        return json.loads(self.report.read_text())
+
+
+def lockstep(args: argparse.Namespace) -> None:
+    """Both variants at once, one step at a time each: on's step k, off's step k, off's k+1, on's k+1, ...
+
+    The two processes train identically (same seed), so step k costs both the same work but for
+    the telemetry; run back to back, the two halves of a pair see the same machine.  While one
+    variant's step runs, the other one is stopped entirely (SIGSTOP to its process group: its
+    threads and its export process too), so what telemetry does in the background lands in the
+    steps of its own variant, as in a run of its own.  Setup and step 0 run one variant at a time
+    first; each finishes (final flush, exit) alone at the end.
+    """
+    with tempfile.TemporaryDirectory(prefix="bench_demo_lockstep_") as tmp:
+        work = Path(tmp)
+        paced: dict[str, Paced] = {}
+        configs = dict(zip(("on", "off"), args.lockstep.split(",")))
+        for variant in ("on", "off"):  # setup + step 0, alone
+            p = paced[variant] = Paced(variant, args.seed, args.steps, args.overrides, work, configs[variant])
+            p.wait_step()
+            p.first_s = time.perf_counter() - p.t0
+            p.pause()
+        k = 0
+        while True:
+            order = ("on", "off") if k % 2 == 0 else ("off", "on")
+            ended = False
+            for variant in order:
+                p = paced[variant]
+                p.resume()
+                if p.wait_step() != k + 1:
+                    sys.exit("lockstep: the two variants are not at the same step")
+                p.pause()
+            k += 1
+            if k >= (args.steps or 100):
+                break
+        reports = {v: p.finish() for v, p in paced.items()}
+    on, off = paced["on"], paced["off"]
+    steps = sorted(set(on.steps) & set(off.steps) - {0})
+    ratios = [on.steps[i] / off.steps[i] for i in steps]
+    total_on = sum(on.steps[i] for i in steps)
+    total_off = sum(off.steps[i] for i in steps)
+    q = statistics.quantiles(ratios, n=4)
+    print(f"lockstep demo: {len(steps)} training steps, seed {args.seed}, the two variants alternating step by step")
+    print(f"  on : exporters {', '.join(reports['on']['exporters'])}; traced samples per step per worker: 4")
+    print("  off: no exporter, tracing off")
+    print(f"{'figure':<40}{'on':>10}{'off':>10}{'ratio':>9}")
+    print(f"{'training steps 1..N, total (s)':<40}{total_on:>10.2f}{total_off:>10.2f}{total_on / total_off:>9.3f}")
+    print(f"{'steps/s':<40}{len(steps) / total_on:>10.2f}{len(steps) / total_off:>10.2f}"
+          f"{total_off / total_on:>9.3f}")
+    cpu_on = sum(on.cpu[i] for i in steps)
+    cpu_off = sum(off.cpu[i] for i in steps)
+    print(f"{'  CPU time of the training thread (s)':<40}{cpu_on:>10.2f}{cpu_off:>10.2f}{cpu_on / cpu_off:>9.3f}")
+    f_on = sum(on.faults[i] for i in steps) / len(steps)
+    f_off = sum(off.faults[i] for i in steps) / len(steps)
+    print(f"{'  page faults of that thread per step':<40}{f_on:>10.0f}{f_off:>10.0f}")
+    print(f"{'per-step ratio, median (quartiles)':<40}{'':>20}{statistics.median(ratios):>9.3f}"
+          f"  ({q[0]:.3f} / {q[2]:.3f})")
+    print(f"{'start + setup + step 0 (s)':<40}{on.first_s:>10.2f}{off.first_s:>10.2f}{on.first_s / off.first_s:>9.3f}")
+    print(f"{'end: final flush + exit (s)':<40}{on.tail_s:>10.2f}{off.tail_s:>10.2f}")
+    wall_on = on.first_s + total_on + on.tail_s
+    wall_off = off.first_s + total_off + off.tail_s
+    print(f"{'process wall time, sum of the parts (s)':<40}{wall_on:>10.2f}{wall_off:>10.2f}{wall_on / wall_off:>9.3f}")
+    phases = sorted(k for k in reports["off"].get("phase_s", {}) if k != "timing_s/step")
+    if phases:
+        print("by phase (timing_s/*, steps 1..N):")
+        for key in phases:
+            a, b = reports["on"]["phase_s"].get(key, 0.0), reports["off"]["phase_s"][key]
+            print(f"  {key[len('timing_s/'):]:<38}{a:>10.3f}{b:>10.3f}{a / b if b else float('nan'):>9.3f}")
+    same = _same_training(reports["on"], reports["off"])
+    print(f"same training (validation rewards, last-step metrics): {'yes' if same else 'NO'}")
+    print(f"training steps with telemetry on: {(total_on / total_off - 1) * 100:+.1f}% (goal <= +2%); "
+          f"wall time {(wall_on / wall_off - 1) * 100:+.1f}%")
+    if args.json:
+        Path(args.json).write_text(json.dumps({
+            "mode": "lockstep", "steps": len(steps), "seed": args.seed, "on_steps": on.steps, "off_steps": off.steps,
+            "on_cpu": on.cpu, "off_cpu": off.cpu, "on_faults": on.faults, "off_faults": off.faults,
+            "total_on": total_on, "total_off": total_off, "first_on": on.first_s, "first_off": off.first_s,
+            "tail_on": on.tail_s, "tail_off": off.tail_s, "same_training": same,
+            "phase_on": reports["on"].get("phase_s"), "phase_off": reports["off"].get("phase_s")}, indent=1))
+
+
 def _same_training(a: dict, b: dict) -> bool:
     def strip(m: dict) -> dict:
         return {k: v for k, v in m.items() if not k.startswith(("timing_s/", "perf/"))}
 
     return a["val_history"] == b["val_history"] and strip(a["last_metrics"]) == strip(b["last_metrics"])
+
+
+def _compile(root: Path) -> None:
+    compileall.compile_dir(str(root / "otel_rl"), quiet=1)
+    for pkg in sorted((root / "exporters").glob("*/otel_rl_*")):
+        compileall.compile_dir(str(pkg), quiet=1)
 
 
 def main() -> None:
@@ -90,16 +244,19 @@ def main() -> None:
     ap.add_argument("--breakdown", action="store_true",
                     help="also run each part of 'on' alone (console+file, mlflow metrics, wandb, swanlab, "
                          "traces to the in-memory test exporter, traces to mlflow), one run each")
+    ap.add_argument("--lockstep", nargs="?", const="on,off", default=None, metavar="A,B",
+                    help="run the two variants side by side, alternating step by step (see lockstep()); "
+                         "A,B: the configurations compared (default on,off; off,off or on,on show the noise)")
     ap.add_argument("overrides", nargs="*", help="more dotlist overrides for both variants")
     args = ap.parse_args()
-    results: dict[str, list[dict]] = {"on": [], "off": []}
     # both variants import otel-rl's modules from bytecode, as from an installed package (pip compiles
     # it at install; a checkout run with PYTHONDONTWRITEBYTECODE=1 would compile the exporters' modules
     # at every start of the "on" runs only)
-    root = Path(__file__).resolve().parent.parent
-    compileall.compile_dir(str(root / "otel_rl"), quiet=1)
-    for pkg in sorted((root / "exporters").glob("*/otel_rl_*")):
-        compileall.compile_dir(str(pkg), quiet=1)
+    _compile(Path(__file__).resolve().parent.parent)
+    if args.lockstep:
+        lockstep(args)
+        return
+    results: dict[str, list[dict]] = {"on": [], "off": []}
     with tempfile.TemporaryDirectory(prefix="bench_demo_") as tmp:
         for k in range(args.repeats):
             order = ("on", "off") if k % 2 == 0 else ("off", "on")

@@ -39,6 +39,7 @@ from ._lightspan import LightSpan
 from ._values import warn_once
 from ._wire import pack, unpack
 from .records import Record, RecordBuilder, Trajectory, is_record_span
+from .serialize import DEFAULT_MAX_CHARS
 
 _log = logging.getLogger("otel_rl")
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
@@ -676,6 +677,11 @@ class Pipeline:
         self._takeover: Receiver | None = None
         self._resource_attrs = dict(resource.attributes) if resource is not None else {}
         self.pending_decode: dict[int, tuple] = {}
+        # token2text for spans shipped packed: tokenizers that travel (pickled once) get a key; their
+        # ids are decoded where the trajectories are built.  id(tokenizer) -> key, or None: decoded here
+        self._tok_keys: dict[int, int | None] = {}
+        self._tok_refs: list[Any] = []  # keeps every tokenizer seen alive, so that its id stays its own
+        self.tokenizers: dict[int, Any] = {}  # key -> tokenizer (also the takeover's)
         self.queues = [DeliveryQueue(e, config.queue_size, config=config) for e in exporters
                        if e.wants_records or e.wants_spans or e.wants_trajectories]
         # exporters in the export process (otel_rl._sidecar): records go there in one message per batch
@@ -704,7 +710,7 @@ class Pipeline:
         made = {e.name: DeliveryQueue(e, self.config.queue_size, config=self.config) for e in exporters}
         for q in made.values():
             q.adopted = True
-        self._takeover = Receiver(made)
+        self._takeover = Receiver(made, tokenizers=self.tokenizers, max_chars=self.config.max_value_chars)
         self.queues = [q for q in self.queues if not q.remote] + list(made.values())
         if self.remote is remote:
             self.remote = None
@@ -827,16 +833,23 @@ class Pipeline:
         # spans that are parts of trajectories (not a log() call, a generations table, the run start)
         parts = [s for s in spans if type(s) is LightSpan or not is_record_span(s)]
         texts = {}
+        jobs = None
         if self.pending_decode:
             from ._token2text import decode_fields, drop
 
+            if ship and not local:
+                jobs = self._travelling_decodes(parts)  # decoded where the trajectories are built
             if ship or local:
-                texts = decode_fields(parts, self.pending_decode)
+                texts = decode_fields(parts, self.pending_decode)  # (what is left to decode here)
             else:
                 drop(parts, self.pending_decode)
         wire = None
         if ship:
-            wire = [pack(s) for s in parts]
+            if jobs:
+                wire = [pack(s, jobs.get(s._context.span_id if type(s) is LightSpan else s.context.span_id))
+                        for s in parts]
+            else:
+                wire = [pack(s) for s in parts]
             if texts:
                 from ._token2text import merge_texts
 
@@ -858,6 +871,50 @@ class Pipeline:
             out = [s for s in spans if type(s) is not LightSpan and is_record_span(s)]  # the record spans
             records = self._builder.build(out)
         self._process(records, out, stats, wire=wire)
+
+    def _travelling_decodes(self, parts: list) -> dict[int, tuple]:
+        """The token2text jobs of `parts` whose tokenizer can travel with them, as span id -> (tokenizer
+        key, prompt ids, response ids); they leave `pending_decode`.  The others stay for this thread."""
+        from ._token2text import _as_list
+
+        pending = self.pending_decode
+        jobs: dict[int, tuple] = {}
+        for s in parts:
+            sid = s._context.span_id if type(s) is LightSpan else s.context.span_id
+            entry = pending.get(sid)
+            if entry is None:
+                continue
+            key = self._tokenizer_key(entry[0])
+            if key is None:
+                continue
+            del pending[sid]
+            tok, p, r = entry
+            try:
+                jobs[sid] = (key, None if p is None else _as_list(p), None if r is None else _as_list(r))
+            except Exception:  # ids that are not a sequence of ints: nothing to decode
+                pass
+        return jobs
+
+    def _tokenizer_key(self, tokenizer: Any) -> int | None:
+        key = self._tok_keys.get(id(tokenizer), -1)
+        if key != -1:
+            return key
+        self._tok_refs.append(tokenizer)
+        key = None
+        try:
+            import pickle
+
+            blob = pickle.dumps(tokenizer, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception:
+            blob = None  # it stays: decoded in this process
+        if blob is not None:
+            key = len(self._tok_keys) + 1
+            self.tokenizers[key] = tokenizer
+            remote = self.remote
+            if remote is not None:
+                remote.control(("tokenizer", key, blob))  # ahead of the batch that first needs it
+        self._tok_keys[id(tokenizer)] = key
+        return key
 
     def _ship(self) -> bool:
         """Whether the spans go, packed, to exporters that build their trajectories elsewhere."""
@@ -954,14 +1011,21 @@ class Receiver:
     (`otel_rl._wire`) whose trajectories are built here.  The export process has one; so do the queues
     that take over in the training process when it dies (`Pipeline.adopt`)."""
 
-    def __init__(self, queues: dict[str, Any], on_missing: Any = None):
+    def __init__(self, queues: dict[str, Any], on_missing: Any = None, tokenizers: dict[int, Any] | None = None,
+                 max_chars: int = DEFAULT_MAX_CHARS):
         self.queues = queues
         self.on_missing = on_missing  # called (name, n records) for a name without a queue
+        self.tokenizers: dict[int, Any] = tokenizers if tokenizers is not None else {}  # token2text: key -> tokenizer
+        self.max_chars = max_chars
         self._builder = RecordBuilder()
         self._lock = threading.Lock()
 
     def put(self, records: list, names: Sequence[str], wire: list | None = None,
             resource_attrs: dict | None = None, seq: int = 0) -> None:
+        if wire and any(len(t) > 10 for t in wire):
+            from ._token2text import decode_packed
+
+            decode_packed(wire, self.tokenizers, self.max_chars)
         with self._lock:
             trajs = self._builder.build(unpack(wire, resource_attrs or {}, seq)) if wire else []
         self.deliver(list(records) + trajs, names)

@@ -447,6 +447,7 @@ class _Server:
             except OSError:
                 pass
 
+        self.receiver.max_chars = int(getattr(config, "max_value_chars", self.receiver.max_chars))
         ready = {}
         for name, wants_trajectories in exporters:
             try:
@@ -459,6 +460,14 @@ class _Server:
                 ready[name] = self.errors[name]
         self.send(("ready", ready))
         threading.Thread(target=self._stats_loop, name="otel-rl-export-process-stats", daemon=True).start()
+
+    def add_tokenizer(self, key: int, blob: bytes) -> None:
+        """token2text: a tokenizer of the trainer, pickled; the ids of shipped spans name it by `key`."""
+        try:
+            self.receiver.tokenizers[key] = pickle.loads(blob)
+        except Exception as exc:  # its outputs keep their ids (decode_packed warns)
+            _log.warning("otel-rl: export process: token2text tokenizer could not be loaded (%s: %s)",
+                         type(exc).__name__, exc)
 
     def _stats_loop(self) -> None:
         while not self.stop_event.wait(_STATS_INTERVAL_S):
@@ -539,6 +548,8 @@ class _Server:
                 break
             elif kind == "hello":
                 self.start(msg[1], msg[2], msg[3])
+            elif kind == "tokenizer":
+                self.add_tokenizer(msg[1], msg[2])
         self.stop(stop_budget, failure)
 
 

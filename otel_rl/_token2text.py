@@ -1,9 +1,12 @@
-"""token2text: decode `prompt_ids` / `response_ids` of op outputs in the export thread.
+"""token2text: decode `prompt_ids` / `response_ids` of op outputs off the training thread.
 
 The op wrapper (caller thread) only stores a reference to the tokenizer and a
-copy of the id lists in `pending[span_id]`; here the ids of a whole batch are
+copy of the id lists in `pending[span_id]`; later the ids of a whole batch are
 decoded with one `batch_decode` call per tokenizer, and the op's output JSON
-gains `prompt_text` / `response_text`.
+gains `prompt_text` / `response_text`.  That happens in the pipeline's thread
+(`decode_fields`) for what is consumed in the training process, or, for spans
+shipped packed to the export process, there (`decode_packed`): the tokenizer
+travels once, pickled, and the ids travel with their span.
 """
 
 from __future__ import annotations
@@ -77,24 +80,53 @@ def decode_fields(spans: list, pending: dict[int, tuple]) -> dict[int, dict[str,
         by_tok.setdefault(id(job[1]), (job[1], []))[1].append(job)
     decoded: dict[int, dict[str, str]] = {}
     for tokenizer, tok_jobs in by_tok.values():
-        seqs, where = [], []
-        for sid, _tok, p, r in tok_jobs:
-            for field, ids in ((sc.PROMPT_TEXT, p), (sc.RESPONSE_TEXT, r)):
-                if ids is not None:
-                    try:
-                        seqs.append(_as_list(ids))
-                        where.append((sid, field))
-                    except Exception:
-                        pass
-        try:
-            texts = _decode_all(tokenizer, seqs) if seqs else []
-        except Exception as exc:
-            warn_once(f"token2text:{type(exc).__name__}", "otel-rl: token2text decoding failed (%s: %s)",
-                      type(exc).__name__, exc)
-            continue
-        for (sid, field), text in zip(where, texts):
-            decoded.setdefault(sid, {})[field] = text
+        texts = _decode_pairs(tokenizer, [(p, r) for _sid, _tok, p, r in tok_jobs])
+        for (sid, *_), fields in zip(tok_jobs, texts):
+            if fields:
+                decoded[sid] = fields
     return decoded
+
+
+def _decode_pairs(tokenizer: Any, pairs: list[tuple[Any, Any]]) -> list[dict[str, str]]:
+    """The text fields of each (prompt ids, response ids) pair, in one batch; all empty when it fails."""
+    seqs, where = [], []
+    for k, (p, r) in enumerate(pairs):
+        for field, ids in ((sc.PROMPT_TEXT, p), (sc.RESPONSE_TEXT, r)):
+            if ids is not None:
+                try:
+                    seqs.append(_as_list(ids))
+                    where.append((k, field))
+                except Exception:
+                    pass
+    out: list[dict[str, str]] = [{} for _ in pairs]
+    try:
+        texts = _decode_all(tokenizer, seqs) if seqs else []
+    except Exception as exc:
+        warn_once(f"token2text:{type(exc).__name__}", "otel-rl: token2text decoding failed (%s: %s)",
+                  type(exc).__name__, exc)
+        return out
+    for (k, field), text in zip(where, texts):
+        out[k][field] = text
+    return out
+
+
+def decode_packed(packed: list, tokenizers: dict[int, Any], max_chars: int) -> None:
+    """Packed spans (`otel_rl._wire`) that carry ids to decode (an 11th item: tokenizer key, prompt
+    ids, response ids): decode them, one batch per tokenizer, and merge the texts into their
+    attributes, in place.  A key without a tokenizer (it could not be loaded here) loses its texts."""
+    by_key: dict[int, list] = {}
+    for t in packed:
+        if len(t) > 10 and t[10] is not None:
+            by_key.setdefault(t[10][0], []).append(t)
+    for key, spans in by_key.items():
+        tokenizer = tokenizers.get(key)
+        if tokenizer is None:
+            warn_once(f"token2text-missing:{key}", "otel-rl: token2text: a tokenizer could not be loaded in the "
+                      "export process; %d outputs keep their ids only", len(spans))
+            continue
+        for t, fields in zip(spans, _decode_pairs(tokenizer, [t[10][1:] for t in spans])):
+            if fields:
+                merge_texts(t[6], fields, max_chars)
 
 
 def drop(spans: list, pending: dict[int, tuple]) -> None:

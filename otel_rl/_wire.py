@@ -8,7 +8,11 @@ offer what `otel_rl.records.RecordBuilder` reads of a span, and builds the recor
 A packed span::
 
     (trace_id, span_id, parent_span_id or 0, name, start_ns, end_ns, attributes (a dict),
-     events (None or a tuple of (name, time_ns, attributes)), status code name, status description)
+     events (None or a tuple of (name, time_ns, attributes)), status code name, status description
+     [, token2text job: (tokenizer key, prompt ids or None, response ids or None)])
+
+The receiving side decodes the token2text jobs (`otel_rl._token2text.decode_packed`) before it
+unpacks.
 
 Links are not carried: trajectory records do not use them.
 """
@@ -21,17 +25,19 @@ from typing import Any
 from ._lightspan import LightSpan
 
 
-def pack(span: Any) -> tuple:
-    """A `LightSpan` (ended) or an SDK `ReadableSpan` as a tuple (attributes copied)."""
+def pack(span: Any, decode: tuple | None = None) -> tuple:
+    """A `LightSpan` (ended) or an SDK `ReadableSpan` as a tuple (attributes copied); `decode`: its
+    token2text job, if it has one for the receiving side."""
     if type(span) is LightSpan:
         ctx, parent, name, start, end = span._context, span._parent, span._name, span._start, span._end
         attrs, events, st = span._attributes, span._events, span._status
     else:
         ctx, parent, name, start, end = span.context, span.parent, span.name, span.start_time or 0, span.end_time or 0
         attrs, events, st = span.attributes or {}, span.events, span.status
-    return (ctx.trace_id, ctx.span_id, parent.span_id if parent is not None else 0, name, start, end, dict(attrs),
-            tuple((e.name, e.timestamp, dict(e.attributes or {})) for e in events) if events else None,
-            st.status_code.name, st.description)
+    packed = (ctx.trace_id, ctx.span_id, parent.span_id if parent is not None else 0, name, start, end, dict(attrs),
+              tuple((e.name, e.timestamp, dict(e.attributes or {})) for e in events) if events else None,
+              st.status_code.name, st.description)
+    return packed if decode is None else (*packed, decode)
 
 
 class _Ctx:
@@ -73,7 +79,8 @@ class WireSpan:
                  "seq")
 
     def __init__(self, t: tuple, resource: _Resource, seq: int = 0):
-        trace_id, span_id, parent_id, self.name, self.start_time, self.end_time, self.attributes, events, code, desc = t
+        trace_id, span_id, parent_id, self.name, self.start_time, self.end_time, self.attributes, events, code, desc = (
+            t if len(t) == 10 else t[:10])
         self.context = _Ctx(trace_id, span_id)
         self.parent = _Ctx(trace_id, parent_id) if parent_id else None
         self.events = tuple(_Event(*e) for e in events) if events else ()

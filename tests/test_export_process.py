@@ -515,6 +515,84 @@ def test_trajectories_in_flight_when_the_export_process_dies_arrive_whole(store,
     }
 
 
+def _t2t_outputs(store: str, name: str) -> dict[tuple[str, str], list[dict]]:
+    """(step, sample_index) -> the outputs of the trace's LLM spans, in start order."""
+    exp, run = get_run(MlflowClient(store), name)
+    out = {}
+    for tr in traces_of(exp.experiment_id, run_id=run.info.run_id):
+        spans = sorted((s for s in tr.data.spans if s.name.startswith("chat")), key=lambda s: s.start_time_ns)
+        out[(tr.info.tags["step"], tr.info.tags["sample_index"])] = [s.outputs for s in spans]
+    return out
+
+
+@pytest.mark.parametrize("travels", [True, False])
+def test_token2text_decodes_where_the_trajectories_are_built(store, monkeypatch, travels):
+    """token2text with the trackers in the export process: a tokenizer that can be pickled goes there once
+    and the ids are decoded there (the trainer's tokenizer object is never called); one that cannot be
+    pickled decodes in the trainer's pipeline thread.  The stored outputs are the same either way."""
+    from t2t_tokenizers import CountingTokenizer, LockedTokenizer
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
+    name = project("t2t-remote" if travels else "t2t-local")
+    tok = CountingTokenizer() if travels else LockedTokenizer()
+    h = start(project=name, experiment="e", exporters=["mlflow"], trace_backend="mlflow", token2text=True,
+              tokenizer=tok, batch_delay_s=0.05, export_process="true")
+    assert h._sidecar is not None
+    for step in (1, 2):
+        with otel_rl.step(step):
+            for i in range(3):
+                with otel_rl.trajectory(sample_index=i, rollout_n=0):
+                    generate([i, 1, 2])
+                    generate([3, i])
+    assert h.flush(60)
+    h.shutdown()
+    assert (tok.calls == 0) if travels else (tok.calls > 0)
+    found = _t2t_outputs(store, name)
+    assert set(found) == {(str(s), str(i)) for s in (1, 2) for i in range(3)}
+    for (_, i), outputs in found.items():
+        i = int(i)
+        assert outputs == [
+            {"prompt_ids": [i, 1, 2], "response_ids": [7, 8, 9], "text": "x = 4",
+             "prompt_text": chr(97 + i) + "bc", "response_text": "hij"},
+            {"prompt_ids": [3, i], "response_ids": [7, 8, 9], "text": "x = 4",
+             "prompt_text": "d" + chr(97 + i), "response_text": "hij"},
+        ]
+
+
+def test_token2text_after_the_export_process_died_decodes_in_the_trainer(store, monkeypatch, caplog):
+    """The ids shipped with spans the export process never confirmed are decoded by the takeover in the
+    trainer, with the trainer's own tokenizer; so are those of spans that come after the death."""
+    from t2t_tokenizers import CountingTokenizer
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
+    name = project("t2t-death")
+    tok = CountingTokenizer()
+    h = start(project=name, experiment="e", exporters=["mlflow"], trace_backend="mlflow", token2text=True,
+              tokenizer=tok, batch_delay_s=0.05, export_process="true")
+    pid = h._sidecar.pid
+    with otel_rl.step(1):
+        with otel_rl.trajectory(sample_index=0, rollout_n=0):
+            generate([0, 1])
+    assert h.flush(60) and tok.calls == 0  # decoded in the export process
+    os.kill(pid, signal.SIGSTOP)  # it receives step 2 but can neither deliver nor confirm it
+    with otel_rl.step(2):
+        with otel_rl.trajectory(sample_index=0, rollout_n=0):
+            generate([2, 3])
+    time.sleep(0.3)  # > batch_delay_s: shipped
+    os.kill(pid, signal.SIGKILL)
+    assert wait_gone(pid, 10)
+    with otel_rl.step(3):
+        with otel_rl.trajectory(sample_index=0, rollout_n=0):
+            generate([4])
+    assert h.flush(60)
+    assert "export process ended unexpectedly" in caplog.text
+    h.shutdown()
+    assert tok.calls > 0
+    found = _t2t_outputs(store, name)
+    assert {k: [(o["prompt_text"], o["response_text"]) for o in v] for k, v in found.items()} == {
+        ("1", "0"): [("ab", "hij")], ("2", "0"): [("cd", "hij")], ("3", "0"): [("e", "hij")]}
+
+
 def _three_steps_delivered(store: str, monkeypatch: Any, label: str) -> tuple[Any, str]:
     """An MLflow exporter in the export process that has delivered steps 1..3 (flushed)."""
     monkeypatch.setenv("MLFLOW_TRACKING_URI", store)

@@ -164,6 +164,7 @@ def run(args: argparse.Namespace) -> int:
         trainer = GRPOTrainer(cfg, on_step=progress.update)
         t1 = time.perf_counter()
         t2 = None
+        cpu0 = _cpu_counters()
         try:
             with handle:
                 try:
@@ -171,21 +172,34 @@ def run(args: argparse.Namespace) -> int:
                 finally:
                     progress.close()
                 t2 = time.perf_counter()
+                cpu1 = _cpu_counters()
         except KeyboardInterrupt:
             print("otel-rl demo: interrupted", file=sys.stderr)
             return 130
         t3 = time.perf_counter()
         timings = {"setup_s": t1 - t0, "train_s": t2 - t1, "flush_s": t3 - t2}
+        training_cpu = {k: cpu1[k] - cpu0[k] for k in cpu0}
         summary = format_summary(cfg, handle, trainer, out, timings)
     print(summary, flush=True)
     if args.report_json:
         report = {"config": cfg, "run_id": handle.run_id, "exporters": [e.name for e in handle.exporters],
                   "steps": trainer.total_steps, "trajectories": trainer.trajectories, **timings,
+                  "training_cpu": training_cpu, "phase_s": trainer.phase_s,
+                  "step_timings": trainer.step_timings,
                   "val_history": trainer.val_history, "last_metrics": trainer.last_metrics,
                   "num_params": trainer.num_params}
         with open(args.report_json, "w", encoding="utf-8") as f:
             json.dump(report, f, indent=1)
     return 0
+
+
+def _cpu_counters() -> dict[str, float]:
+    """CPU time of the training thread and of the whole process, and the process's context switches."""
+    import resource
+
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return {"main_thread_s": time.thread_time(), "process_s": time.process_time(),
+            "voluntary_switches": ru.ru_nvcsw, "involuntary_switches": ru.ru_nivcsw}
 
 
 def _prometheus_url(exporter: Any, cfg: dict[str, Any]) -> str:

@@ -20,10 +20,15 @@ from ..records import StepMetrics
 from .base import Exporter
 
 
+_PLAIN = (float, int, bool)  # pprint.pformat of these is their repr
+
+
 def format_line(data: dict[str, Any], step: int) -> str:
     parts = [f"step:{step}"]
     for k, v in data.items():
-        if isinstance(v, numbers.Number):
+        if type(v) in _PLAIN:
+            parts.append(f"{k}:{v!r}")
+        elif isinstance(v, numbers.Number):
             parts.append(f"{k}:{pprint.pformat(v)}")
     return " - ".join(parts)
 

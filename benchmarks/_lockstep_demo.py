@@ -1,0 +1,57 @@
+"""`otel-rl demo` that waits for a go-ahead after every training step (for ``bench_demo.py --lockstep``).
+
+    python benchmarks/_lockstep_demo.py demo [demo arguments...]
+
+After step k (the trainer's ``on_step`` callback) it writes ``"k seconds\\n"`` to the file
+descriptor in ``LOCKSTEP_DONE_FD`` — the main thread's time from the go-ahead to the end of
+step k, everything the training loop did for that step (the step, its ``log()``, the
+progress callback) — and then blocks until one byte arrives on ``LOCKSTEP_GO_FD``.  The
+benchmark stops the whole process group (this process, its threads, the export process and
+what that started) between the two, so no part of it runs while the other variant's step runs.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import sys
+import time
+
+
+def _faults() -> int:
+    return resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+
+
+def main() -> int:
+    done_fd = int(os.environ["LOCKSTEP_DONE_FD"])
+    go_fd = int(os.environ["LOCKSTEP_GO_FD"])
+
+    from otel_rl.demo import trainer as trainer_mod
+
+    base = trainer_mod.GRPOTrainer
+
+    class PacedTrainer(base):  # type: ignore[misc, valid-type]
+        def __init__(self, cfg, on_step=None):
+            started = [time.perf_counter(), time.thread_time(), _faults()]
+
+            def paced(step, metrics):
+                if on_step is not None:
+                    on_step(step, metrics)
+                seconds = time.perf_counter() - started[0]
+                cpu = time.thread_time() - started[1]
+                faults = _faults() - started[2]
+                os.write(done_fd, f"{step} {seconds!r} {cpu!r} {faults}\n".encode())
+                if os.read(go_fd, 1) != b"g":
+                    raise SystemExit("lockstep: the benchmark went away")
+                started[:] = [time.perf_counter(), time.thread_time(), _faults()]
+
+            super().__init__(cfg, on_step=paced)
+
+    trainer_mod.GRPOTrainer = PacedTrainer  # the demo's CLI imports it when it runs
+    from otel_rl.cli import main as cli_main
+
+    return cli_main(sys.argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

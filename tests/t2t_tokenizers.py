@@ -1,0 +1,25 @@
+"""Tokenizers for the token2text tests of the export process (importable there: tests/ is on its path)."""
+
+from __future__ import annotations
+
+import threading
+
+
+class CountingTokenizer:
+    """ids -> letters (0 -> 'a'); counts the `batch_decode` calls made on this object, in this process
+    (a pickled copy in another process counts its own)."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def batch_decode(self, seqs, skip_special_tokens=False):
+        self.calls += 1
+        return ["".join(chr(ord("a") + i) for i in s) for s in seqs]
+
+
+class LockedTokenizer(CountingTokenizer):
+    """The same, holding a lock: it cannot be pickled, so it cannot go to the export process."""
+
+    def __init__(self):
+        super().__init__()
+        self._lock = threading.Lock()
