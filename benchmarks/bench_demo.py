@@ -144,7 +144,7 @@ class Paced:
         return json.loads(self.report.read_text())
 
 
-def lockstep(args: argparse.Namespace) -> None:
+def lockstep(args: argparse.Namespace, launch: tuple[str, str] = ("on", "off")) -> dict:
     """Both variants at once, one step at a time each: on's step k, off's step k, off's k+1, on's k+1, ...
 
     The two processes train identically (same seed), so step k costs both the same work but for
@@ -158,15 +158,14 @@ def lockstep(args: argparse.Namespace) -> None:
         work = Path(tmp)
         paced: dict[str, Paced] = {}
         configs = dict(zip(("on", "off"), args.lockstep.split(",")))
-        for variant in ("on", "off"):  # setup + step 0, alone
+        for variant in launch:  # setup + step 0, alone
             p = paced[variant] = Paced(variant, args.seed, args.steps, args.overrides, work, configs[variant])
             p.wait_step()
             p.first_s = time.perf_counter() - p.t0
             p.pause()
         k = 0
         while True:
-            order = ("on", "off") if k % 2 == 0 else ("off", "on")
-            ended = False
+            order = launch if k % 2 == 0 else launch[::-1]
             for variant in order:
                 p = paced[variant]
                 p.resume()
@@ -176,14 +175,15 @@ def lockstep(args: argparse.Namespace) -> None:
             k += 1
             if k >= (args.steps or 100):
                 break
-        reports = {v: p.finish() for v, p in paced.items()}
+        reports = {v: paced[v].finish() for v in launch}
     on, off = paced["on"], paced["off"]
     steps = sorted(set(on.steps) & set(off.steps) - {0})
     ratios = [on.steps[i] / off.steps[i] for i in steps]
     total_on = sum(on.steps[i] for i in steps)
     total_off = sum(off.steps[i] for i in steps)
     q = statistics.quantiles(ratios, n=4)
-    print(f"lockstep demo: {len(steps)} training steps, seed {args.seed}, the two variants alternating step by step")
+    print(f"lockstep demo: {len(steps)} training steps, seed {args.seed}, the two variants alternating step by step; "
+          f"{launch[0]} started first")
     print(f"  on : exporters {', '.join(reports['on']['exporters'])}; traced samples per step per worker: 4")
     print("  off: no exporter, tracing off")
     print(f"{'figure':<40}{'on':>10}{'off':>10}{'ratio':>9}")
@@ -213,6 +213,8 @@ def lockstep(args: argparse.Namespace) -> None:
     print(f"same training (validation rewards, last-step metrics): {'yes' if same else 'NO'}")
     print(f"training steps with telemetry on: {(total_on / total_off - 1) * 100:+.1f}% (goal <= +2%); "
           f"wall time {(wall_on / wall_off - 1) * 100:+.1f}%")
+    result = {"train_ratio": total_on / total_off, "wall_ratio": wall_on / wall_off, "launch": launch,
+              "faults": (f_on, f_off)}
     if args.json:
         Path(args.json).write_text(json.dumps({
             "mode": "lockstep", "steps": len(steps), "seed": args.seed, "on_steps": on.steps, "off_steps": off.steps,
@@ -220,6 +222,7 @@ def lockstep(args: argparse.Namespace) -> None:
             "total_on": total_on, "total_off": total_off, "first_on": on.first_s, "first_off": off.first_s,
             "tail_on": on.tail_s, "tail_off": off.tail_s, "same_training": same,
             "phase_on": reports["on"].get("phase_s"), "phase_off": reports["off"].get("phase_s")}, indent=1))
+    return result
 
 
 def _same_training(a: dict, b: dict) -> bool:
@@ -254,7 +257,17 @@ def main() -> None:
     # at every start of the "on" runs only)
     _compile(Path(__file__).resolve().parent.parent)
     if args.lockstep:
-        lockstep(args)
+        runs = []
+        for k in range(args.repeats):
+            runs.append(lockstep(args, ("on", "off") if k % 2 == 0 else ("off", "on")))
+            print(flush=True)
+        ratios = sorted(r["train_ratio"] for r in runs)
+        print(f"lockstep, {len(runs)} runs (first variant alternating): training steps on/off "
+              + ", ".join(f"{r['train_ratio']:.3f}" for r in runs)
+              + f"; median {statistics.median(ratios):.3f}; wall time median "
+              f"{statistics.median(r['wall_ratio'] for r in runs):.3f}")
+        print("  page faults of the training thread per step (on/off): "
+              + ", ".join(f"{r['faults'][0]:.0f}/{r['faults'][1]:.0f}" for r in runs))
         return
     results: dict[str, list[dict]] = {"on": [], "off": []}
     with tempfile.TemporaryDirectory(prefix="bench_demo_") as tmp:
