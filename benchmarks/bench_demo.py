@@ -203,11 +203,12 @@ def lockstep(args: argparse.Namespace, launch: tuple[str, str] = ("on", "off")) 
     wall_on = on.first_s + total_on + on.tail_s
     wall_off = off.first_s + total_off + off.tail_s
     print(f"{'process wall time, sum of the parts (s)':<40}{wall_on:>10.2f}{wall_off:>10.2f}{wall_on / wall_off:>9.3f}")
-    phases = sorted(k for k in reports["off"].get("phase_s", {}) if k != "timing_s/step")
+    sums = {v: _phase_sums(r) for v, r in reports.items()}
+    phases = sorted(k for k in sums["off"] if k != "timing_s/step")
     if phases:
         print("by phase (timing_s/*, steps 1..N):")
         for key in phases:
-            a, b = reports["on"]["phase_s"].get(key, 0.0), reports["off"]["phase_s"][key]
+            a, b = sums["on"].get(key, 0.0), sums["off"][key]
             print(f"  {key[len('timing_s/'):]:<38}{a:>10.3f}{b:>10.3f}{a / b if b else float('nan'):>9.3f}")
     same = _same_training(reports["on"], reports["off"])
     print(f"same training (validation rewards, last-step metrics): {'yes' if same else 'NO'}")
@@ -221,8 +222,17 @@ def lockstep(args: argparse.Namespace, launch: tuple[str, str] = ("on", "off")) 
             "on_cpu": on.cpu, "off_cpu": off.cpu, "on_faults": on.faults, "off_faults": off.faults,
             "total_on": total_on, "total_off": total_off, "first_on": on.first_s, "first_off": off.first_s,
             "tail_on": on.tail_s, "tail_off": off.tail_s, "same_training": same,
-            "phase_on": reports["on"].get("phase_s"), "phase_off": reports["off"].get("phase_s")}, indent=1))
+            "phase_on": sums["on"], "phase_off": sums["off"]}, indent=1))
     return result
+
+
+def _phase_sums(report: dict) -> dict[str, float]:
+    """timing_s/<phase> summed over the training steps of a demo report."""
+    sums: dict[str, float] = {}
+    for timings in report.get("step_timings", ()):
+        for key, seconds in timings.items():
+            sums[key] = sums.get(key, 0.0) + seconds
+    return sums
 
 
 def _same_training(a: dict, b: dict) -> bool:

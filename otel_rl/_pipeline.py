@@ -679,8 +679,8 @@ class Pipeline:
         self.pending_decode: dict[int, tuple] = {}
         # token2text for spans shipped packed: tokenizers that travel (pickled once) get a key; their
         # ids are decoded where the trajectories are built.  id(tokenizer) -> key, or None: decoded here
-        self._tok_keys: dict[int, int | None] = {}
-        self._tok_refs: list[Any] = []  # keeps every tokenizer seen alive, so that its id stays its own
+        # (the tokenizer is kept with its key, so that its id stays its own)
+        self._tok_keys: dict[int, tuple[Any, int | None]] = {}
         self.tokenizers: dict[int, Any] = {}  # key -> tokenizer (also the takeover's)
         self.queues = [DeliveryQueue(e, config.queue_size, config=config) for e in exporters
                        if e.wants_records or e.wants_spans or e.wants_trajectories]
@@ -846,8 +846,9 @@ class Pipeline:
         wire = None
         if ship:
             if jobs:
-                wire = [pack(s, jobs.get(s._context.span_id if type(s) is LightSpan else s.context.span_id))
-                        for s in parts]
+                from ._token2text import _span_id
+
+                wire = [pack(s, jobs.get(_span_id(s))) for s in parts]
             else:
                 wire = [pack(s) for s in parts]
             if texts:
@@ -875,12 +876,12 @@ class Pipeline:
     def _travelling_decodes(self, parts: list) -> dict[int, tuple]:
         """The token2text jobs of `parts` whose tokenizer can travel with them, as span id -> (tokenizer
         key, prompt ids, response ids); they leave `pending_decode`.  The others stay for this thread."""
-        from ._token2text import _as_list
+        from ._token2text import _as_list, _span_id
 
         pending = self.pending_decode
         jobs: dict[int, tuple] = {}
         for s in parts:
-            sid = s._context.span_id if type(s) is LightSpan else s.context.span_id
+            sid = _span_id(s)
             entry = pending.get(sid)
             if entry is None:
                 continue
@@ -896,10 +897,9 @@ class Pipeline:
         return jobs
 
     def _tokenizer_key(self, tokenizer: Any) -> int | None:
-        key = self._tok_keys.get(id(tokenizer), -1)
-        if key != -1:
-            return key
-        self._tok_refs.append(tokenizer)
+        known = self._tok_keys.get(id(tokenizer))
+        if known is not None:
+            return known[1]
         key = None
         try:
             import pickle
@@ -913,7 +913,7 @@ class Pipeline:
             remote = self.remote
             if remote is not None:
                 remote.control(("tokenizer", key, blob))  # ahead of the batch that first needs it
-        self._tok_keys[id(tokenizer)] = key
+        self._tok_keys[id(tokenizer)] = (tokenizer, key)
         return key
 
     def _ship(self) -> bool:
@@ -1022,10 +1022,10 @@ class Receiver:
 
     def put(self, records: list, names: Sequence[str], wire: list | None = None,
             resource_attrs: dict | None = None, seq: int = 0) -> None:
-        if wire and any(len(t) > 10 for t in wire):
+        if wire:
             from ._token2text import decode_packed
 
-            decode_packed(wire, self.tokenizers, self.max_chars)
+            decode_packed(wire, self.tokenizers, self.max_chars)  # the token2text jobs shipped with them
         with self._lock:
             trajs = self._builder.build(unpack(wire, resource_attrs or {}, seq)) if wire else []
         self.deliver(list(records) + trajs, names)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 
 
@@ -23,3 +24,16 @@ class LockedTokenizer(CountingTokenizer):
     def __init__(self):
         super().__init__()
         self._lock = threading.Lock()
+
+
+def _rebuild_at_home(pid: int) -> "HomeboundTokenizer":
+    if os.getpid() != pid:
+        raise RuntimeError("this tokenizer only loads in the process that made it")
+    return HomeboundTokenizer()
+
+
+class HomeboundTokenizer(CountingTokenizer):
+    """The same; it pickles, but loading it in any other process fails."""
+
+    def __reduce__(self):
+        return (_rebuild_at_home, (os.getpid(),))

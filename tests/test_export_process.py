@@ -559,6 +559,29 @@ def test_token2text_decodes_where_the_trajectories_are_built(store, monkeypatch,
         ]
 
 
+def test_token2text_tokenizer_that_does_not_load_in_the_export_process(store, monkeypatch):
+    """A tokenizer that pickles but fails to load in the export process: the trajectories are stored whole,
+    their outputs keep the ids without texts (the export process warns), and the trainer goes on."""
+    from t2t_tokenizers import HomeboundTokenizer
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
+    name = project("t2t-noload")
+    tok = HomeboundTokenizer()
+    h = start(project=name, experiment="e", exporters=["mlflow"], trace_backend="mlflow", token2text=True,
+              tokenizer=tok, batch_delay_s=0.05, export_process="true")
+    for step in (1, 2):
+        with otel_rl.step(step):
+            with otel_rl.trajectory(sample_index=0, rollout_n=0):
+                generate([0, 1])
+        otel_rl.log({"x": float(step)}, step=step)
+    assert h.flush(60)
+    h.shutdown()
+    assert tok.calls == 0
+    assert _t2t_outputs(store, name) == {
+        (str(s), "0"): [{"prompt_ids": [0, 1], "response_ids": [7, 8, 9], "text": "x = 4"}] for s in (1, 2)}
+    assert points(store, name, "x") == [(1, 1.0), (2, 2.0)]
+
+
 def test_token2text_after_the_export_process_died_decodes_in_the_trainer(store, monkeypatch, caplog):
     """The ids shipped with spans the export process never confirmed are decoded by the takeover in the
     trainer, with the trainer's own tokenizer; so are those of spans that come after the death."""

@@ -184,8 +184,7 @@ def run(args: argparse.Namespace) -> int:
     if args.report_json:
         report = {"config": cfg, "run_id": handle.run_id, "exporters": [e.name for e in handle.exporters],
                   "steps": trainer.total_steps, "trajectories": trainer.trajectories, **timings,
-                  "training_cpu": training_cpu, "phase_s": trainer.phase_s,
-                  "step_timings": trainer.step_timings,
+                  "training_cpu": training_cpu, "step_timings": trainer.step_timings,
                   "val_history": trainer.val_history, "last_metrics": trainer.last_metrics,
                   "num_params": trainer.num_params}
         with open(args.report_json, "w", encoding="utf-8") as f:

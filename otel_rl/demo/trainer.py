@@ -95,7 +95,6 @@ class GRPOTrainer:
         self.step_blocks = 0  # otel_rl.step() blocks (each logs its timings once)
         self.trajectories = 0
         self.last_metrics: dict[str, float] = {}
-        self.phase_s: dict[str, float] = {}  # timing_s/<phase> summed over the training steps (1..N)
         self.step_timings: list[dict[str, float]] = []  # timing_s/<phase> of each training step
 
     @property
@@ -148,8 +147,6 @@ class GRPOTrainer:
                     metrics = self.train_step(step)
                     self._log(metrics, step)
                 self.step_timings.append(dict(st.timings))
-                for key, seconds in st.timings.items():
-                    self.phase_s[key] = self.phase_s.get(key, 0.0) + seconds
                 self.last_metrics = metrics
                 if self.on_step:
                     self.on_step(step, metrics)
