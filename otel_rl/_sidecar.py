@@ -39,6 +39,7 @@ settled (delivered or written to its spool): at least once, never silently lost.
 from __future__ import annotations
 
 import atexit
+import gc
 import logging
 import os
 import pickle
@@ -60,6 +61,8 @@ from .records import Trajectory
 _log = logging.getLogger("otel_rl")
 _HDR = struct.Struct("<I")
 _STATS_INTERVAL_S = 0.5
+#: the export process runs without the cyclic GC until its tracker runs are open (at most this long)
+_GC_SETTLE_S = 60.0
 #: set in the export process's environment: an `init()` there keeps every exporter in-process
 IN_EXPORT_PROCESS = "OTEL_RL_IN_EXPORT_PROCESS"
 #: extra time the trainer waits, after the shutdown budget, for the child to finish its tracker runs
@@ -406,6 +409,7 @@ class _Server:
         self.receiver = Receiver(self.queues, on_missing=self._missing)  # builds trajectories of packed spans
         self.stop_event = threading.Event()
         self._dropped_failed: dict[str, int] = {}
+        self._gc_settle_by: float | None = None  # set while the cyclic GC waits for the runs to open
 
     def send(self, msg: Any) -> None:
         with self.wlock:
@@ -448,6 +452,13 @@ class _Server:
                 pass
 
         self.receiver.max_chars = int(getattr(config, "max_value_chars", self.receiver.max_chars))
+        if gc.isenabled():
+            # The trackers import large libraries and open their runs first (hundreds of thousands of
+            # objects): collecting meanwhile re-scans them all, again and again.  The GC stays off until
+            # the runs are open; then one collection, and what is left is frozen out of later ones
+            # (`_settle_gc`).
+            gc.disable()
+            self._gc_settle_by = time.monotonic() + _GC_SETTLE_S
         ready = {}
         for name, wants_trajectories in exporters:
             try:
@@ -472,6 +483,26 @@ class _Server:
     def _stats_loop(self) -> None:
         while not self.stop_event.wait(_STATS_INTERVAL_S):
             self.send(("stats", self.stats(), self.settled()))
+            if self._gc_settle_by is not None:
+                self._settle_gc()
+
+    def _runs_open(self) -> bool:
+        """Every tracker exporter here has opened a run (the others open nothing)."""
+        for q in self.queues.values():
+            runs = getattr(q.exporter, "runs", None)
+            if runs is not None and not runs and q.stats.failed_attempts == 0:
+                return False
+        return True
+
+    def _settle_gc(self, force: bool = False) -> None:
+        """Once the runs are open (or the time is up): collect once, freeze the survivors (the libraries,
+        the runs) out of later collections, and turn the cyclic GC back on."""
+        if not (force or self._runs_open() or time.monotonic() >= (self._gc_settle_by or 0.0)):
+            return
+        self._gc_settle_by = None
+        gc.collect()
+        gc.freeze()
+        gc.enable()
 
     def put(self, seq: int, records: list, names: Sequence[str], wire: list | None = None,
             resource_attrs: dict | None = None) -> None:
@@ -496,6 +527,8 @@ class _Server:
 
     def stop(self, timeout_s: float, failure: tuple[str, str] | None = None) -> None:
         deadline = time.monotonic() + timeout_s
+        if self._gc_settle_by is not None:
+            self._settle_gc(force=True)
         # trajectories whose root never came (the trainer stopped or died mid-trajectory): what there is
         self.receiver.flush_partial()
         if failure is not None:

@@ -800,3 +800,62 @@ def test_export_process_ignores_sigint(store, monkeypatch):
     assert [type(e) for e in h.exporters] == [RemoteExporter]  # no takeover happened
     h.shutdown()
     assert child.returncode == 0
+
+
+class _RunsExporter:
+    """What `_Server._settle_gc` looks at: a tracker exporter's open runs (and its queue's failures)."""
+
+    name = "runs"
+    wants_records = True
+    wants_spans = False
+    wants_trajectories = False
+
+    def __init__(self) -> None:
+        self.runs: dict = {}
+
+    def export_records(self, records: Any) -> None:
+        self.runs.setdefault("run", object())
+
+    def export_spans(self, spans: Any) -> None:
+        pass
+
+
+def test_export_process_gc_waits_for_the_runs_then_freezes_them():
+    """The export process collects nothing while its trackers import their libraries and open their runs;
+    once every run is open (or the time is up) it collects once, freezes the survivors and turns the GC on."""
+    import gc
+
+    from otel_rl import _sidecar
+    from otel_rl._pipeline import DeliveryQueue
+
+    r, w = os.pipe()
+    server = _sidecar._Server(os.fdopen(r, "rb"), os.fdopen(w, "wb"))
+    exp = _RunsExporter()
+    q = DeliveryQueue(exp, 100)
+    server.queues["runs"] = q
+    was_enabled = gc.isenabled()
+    try:
+        gc.disable()
+        server._gc_settle_by = time.monotonic() + 60.0
+        server._settle_gc()
+        assert not gc.isenabled() and server._gc_settle_by is not None  # no run open yet
+        q.put([], ["a record"])
+        assert q.wait_idle(5.0) and exp.runs
+        frozen_before = gc.get_freeze_count()
+        server._settle_gc()
+        assert gc.isenabled() and server._gc_settle_by is None
+        assert gc.get_freeze_count() > frozen_before
+
+        # the time limit: a run that never opens does not keep the GC off
+        gc.unfreeze()
+        gc.disable()
+        exp.runs.clear()
+        server._gc_settle_by = time.monotonic() - 1.0
+        server._settle_gc()
+        assert gc.isenabled() and server._gc_settle_by is None
+    finally:
+        gc.unfreeze()
+        (gc.enable if was_enabled else gc.disable)()
+        q.stop(2.0)
+        server.r.close()
+        server.w.close()
