@@ -13,8 +13,9 @@ the training thread.  The same process, the same steps interleaved: no run-to-ru
 Workloads:
 - none:   the neighbour never works (the method's own bias: the ratio should be ~1)
 - spin:   a Python loop (CPU only, nothing leaves the core's own caches)
-- sqlite: JSON encoding and decoding of small dicts and sqlite inserts with a commit, the export
-          process's kind of work
+- json:   JSON encoding and decoding of small dicts (no I/O)
+- fsync:  4 KiB written to a file and fsync'ed, in a loop (I/O only)
+- sqlite: the "json" work and sqlite inserts with a commit: the export process's kind of work
 - memory: writes across a 64 MiB buffer (memory bandwidth and the shared cache)
 """
 
@@ -32,7 +33,7 @@ import tempfile
 import time
 
 WINDOW_S = 0.5
-WORKLOADS = ("none", "spin", "sqlite", "memory")
+WORKLOADS = ("none", "spin", "json", "fsync", "sqlite", "memory")
 
 
 def neighbour(kind: str, workdir: str) -> None:
@@ -58,6 +59,14 @@ def neighbour(kind: str, workdir: str) -> None:
             con.commit()
             for x in texts:
                 json.loads(x)
+        elif kind == "json":
+            for x in [json.dumps(r) for r in rows]:
+                json.loads(x)
+        elif kind == "fsync":
+            with open(os.path.join(workdir, "neighbour.bin"), "ab") as f:
+                f.write(b"x" * 4096)
+                f.flush()
+                os.fsync(f.fileno())
         elif kind == "memory":
             buf[::64] = ones
         # spin: nothing to do but loop

@@ -63,6 +63,10 @@ _HDR = struct.Struct("<I")
 _STATS_INTERVAL_S = 0.5
 #: the export process runs without the cyclic GC until its tracker runs are open (at most this long)
 _GC_SETTLE_S = 60.0
+#: optional modules the trackers try to import again and again: MLflow's cost calculation tries
+#: ``import litellm`` for every LLM span it stores, and a module that is not installed is searched for on
+#: the whole ``sys.path`` at every attempt (~0.6 ms each)
+_PROBED_OPTIONAL_MODULES = ("litellm",)
 #: set in the export process's environment: an `init()` there keeps every exporter in-process
 IN_EXPORT_PROCESS = "OTEL_RL_IN_EXPORT_PROCESS"
 #: extra time the trainer waits, after the shutdown budget, for the child to finish its tracker runs
@@ -75,6 +79,22 @@ _CHILD = "import sys; from otel_rl._sidecar import main; sys.exit(main(sys.argv[
 def _items(batch: tuple) -> int:
     """Records + packed spans of an unsettled batch (seq, records, names, wire, resource)."""
     return len(batch[1]) + (len(batch[3]) if batch[3] else 0)
+
+
+def _mark_absent(names: Sequence[str]) -> None:
+    """In the export process: a module of `names` that is not installed is entered in ``sys.modules`` as
+    None, which makes every later ``import`` of it fail at once (as it would after the search)."""
+    import importlib.util
+
+    for name in names:
+        if name in sys.modules:
+            continue
+        try:
+            missing = importlib.util.find_spec(name) is None
+        except (ImportError, ValueError):
+            missing = False
+        if missing:
+            sys.modules[name] = None  # type: ignore[assignment]
 
 
 def _write(f: Any, msg: Any) -> None:
@@ -452,6 +472,7 @@ class _Server:
                 pass
 
         self.receiver.max_chars = int(getattr(config, "max_value_chars", self.receiver.max_chars))
+        _mark_absent(_PROBED_OPTIONAL_MODULES)
         if gc.isenabled():
             # The trackers import large libraries and open their runs first (hundreds of thousands of
             # objects): collecting meanwhile re-scans them all, again and again.  The GC stays off until

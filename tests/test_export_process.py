@@ -859,3 +859,24 @@ def test_export_process_gc_waits_for_the_runs_then_freezes_them():
         q.stop(2.0)
         server.r.close()
         server.w.close()
+
+
+def test_export_process_marks_probed_modules_that_are_not_installed():
+    """`_mark_absent`: a module that is not installed fails every later import at once (MLflow tries
+    ``import litellm`` for each LLM span it stores); an installed one is left alone."""
+    import importlib
+
+    from otel_rl import _sidecar
+
+    missing = f"otel_rl_not_installed_{uuid.uuid4().hex}"
+    present = "colorsys"  # stdlib, not imported by anything here
+    sys.modules.pop(present, None)
+    try:
+        _sidecar._mark_absent([missing, present])
+        assert sys.modules[missing] is None
+        with pytest.raises(ImportError):
+            importlib.import_module(missing)
+        assert present not in sys.modules  # not marked, not imported
+        assert importlib.import_module(present).rgb_to_hsv(1, 0, 0)[2] == 1
+    finally:
+        sys.modules.pop(missing, None)
