@@ -597,3 +597,58 @@ def test_server_killed_mid_run_every_point_arrives_once(mlflow_server, monkeypat
     assert len(traces_of(exp.experiment_id, run_id=run.info.run_id)) == 15
     table = client.load_table(exp.experiment_id, "val_generations/step_15.json", run_ids=[run.info.run_id])
     assert list(table["input"]) == ["p"]
+
+
+def test_new_sqlite_store_is_created_in_one_go(tmp_path):
+    """A new sqlite store gets MLflow's tables all at once (a scratch file, synced once, linked into place):
+    MLflow opens it as its own, at the latest schema revision; an existing store is left alone."""
+    import sqlite3
+
+    from mlflow.store.db.utils import _get_latest_schema_revision
+
+    from otel_rl_mlflow._exporter import _create_sqlite_store
+
+    path = tmp_path / "new.db"
+    uri = f"sqlite:///{path}"
+    assert _create_sqlite_store(uri) is True
+    assert sorted(os.listdir(tmp_path)) == ["new.db"]  # no scratch file or journal left
+    with sqlite3.connect(path) as con:
+        (revision,) = con.execute("SELECT version_num FROM alembic_version").fetchone()
+        (journal,) = con.execute("PRAGMA journal_mode").fetchone()
+    assert revision == _get_latest_schema_revision()
+    assert journal == "delete"  # sqlite's default: the scratch settings did not stay
+    client = MlflowClient(tracking_uri=uri)
+    run = client.create_run(client.create_experiment("one-go"))
+    client.log_metric(run.info.run_id, "loss", 0.5, step=3)
+    assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "loss")] == [(3, 0.5)]
+
+    # an existing store: untouched, its run still there
+    before = path.stat().st_mtime_ns, path.stat().st_size
+    assert _create_sqlite_store(uri) is False
+    assert (path.stat().st_mtime_ns, path.stat().st_size) == before
+    assert MlflowClient(tracking_uri=uri).get_run(run.info.run_id).data.metrics == {"loss": 0.5}
+
+    # not a sqlite file, or nowhere to put it: left to MLflow
+    assert _create_sqlite_store("http://127.0.0.1:5000") is False
+    assert _create_sqlite_store("sqlite:///:memory:") is False
+    assert _create_sqlite_store(f"sqlite:///{tmp_path}/no/such/dir/x.db") is False
+    assert not (tmp_path / "no").exists()
+
+
+def test_new_sqlite_store_does_not_replace_one_made_meanwhile(tmp_path, monkeypatch):
+    """Another process creates the store while ours is being built: theirs stays, ours is discarded."""
+    import mlflow.store.db.utils as db_utils
+
+    from otel_rl_mlflow._exporter import _create_sqlite_store
+
+    path = tmp_path / "race.db"
+    real = db_utils._initialize_tables
+
+    def initialize_and_race(engine):
+        real(engine)
+        path.write_bytes(b"the other process's store")  # appears before ours is linked into place
+
+    monkeypatch.setattr(db_utils, "_initialize_tables", initialize_and_race)
+    assert _create_sqlite_store(f"sqlite:///{path}") is False
+    assert path.read_bytes() == b"the other process's store"
+    assert sorted(os.listdir(tmp_path)) == ["race.db"]

@@ -79,6 +79,67 @@ CLOSE_TIMEOUT_S = 10.0
 _DATA_ERROR_CODES = {"INVALID_PARAMETER_VALUE", "BAD_REQUEST", "INVALID_STATE"}
 
 
+def _sqlite_path(uri: str) -> str | None:
+    """The file of a ``sqlite:///`` tracking URI (None for anything else, or an in-memory database)."""
+    prefix = "sqlite:///"
+    if not uri.startswith(prefix):
+        return None
+    path = uri[len(prefix):].split("?", 1)[0]
+    return None if not path or path == ":memory:" else path
+
+
+def _create_sqlite_store(uri: str) -> bool:
+    """A new sqlite store gets MLflow's tables here, all at once: built in a file of its own without a
+    sync per migration step (MLflow's migrations commit one by one, ~1,000 fsyncs in all), synced once
+    and put in place only if no store appeared there meanwhile.  An existing file is left alone (MLflow
+    opens and checks it).  True if this call created the store; any failure leaves the creation to
+    MLflow, as without this."""
+    path = _sqlite_path(uri)
+    if path is None or os.path.exists(path):
+        return False
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        return False
+    tmp = f"{path}.otel-rl-{os.getpid()}-{threading.get_ident()}.tmp"
+    try:
+        import sqlalchemy
+        from mlflow.store.db import utils as db_utils
+
+        engine = sqlalchemy.create_engine(f"sqlite:///{tmp}")
+
+        @sqlalchemy.event.listens_for(engine, "connect")
+        def _unsynced(dbapi_con: Any, _record: Any) -> None:  # a scratch file until it is synced below
+            dbapi_con.execute("PRAGMA synchronous=OFF")
+            dbapi_con.execute("PRAGMA journal_mode=MEMORY")
+
+        try:
+            db_utils._initialize_tables(engine)
+        finally:
+            engine.dispose()
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        try:
+            os.link(tmp, path)  # fails if a store appeared meanwhile: that one stays
+        except FileExistsError:
+            return False
+        dfd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+        return True
+    except Exception as exc:  # MLflow creates the store itself, one migration at a time
+        _log.debug("otel-rl: creating the MLflow store %s in one go failed (%s); MLflow creates it", path, exc)
+        return False
+    finally:
+        for leftover in (tmp, tmp + "-journal"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(leftover)
+
+
 def resolve_tracking_uri(explicit: str | None = None) -> str:
     """MLflow's own order, then verl's default: ``tracking_uri`` argument > ``mlflow.set_tracking_uri()``
     in this process > ``MLFLOW_TRACKING_URI`` > ``sqlite:////tmp/mlruns.db``."""
@@ -183,6 +244,7 @@ class MlflowExporter(TrackerExporter):
             from mlflow.tracing.client import TracingClient
 
             uri = resolve_tracking_uri(self._explicit_uri)
+            _create_sqlite_store(uri)
             client = MlflowClient(tracking_uri=uri)  # raises for an unusable URI: retried later
             self._tracing = TracingClient(uri)
             self._client = client
