@@ -63,10 +63,6 @@ _HDR = struct.Struct("<I")
 _STATS_INTERVAL_S = 0.5
 #: the export process runs without the cyclic GC until its tracker runs are open (at most this long)
 _GC_SETTLE_S = 60.0
-#: optional modules the trackers try to import again and again: MLflow's cost calculation tries
-#: ``import litellm`` for every LLM span it stores, and a module that is not installed is searched for on
-#: the whole ``sys.path`` at every attempt (~0.6 ms each)
-_PROBED_OPTIONAL_MODULES = ("litellm",)
 #: set in the export process's environment: an `init()` there keeps every exporter in-process
 IN_EXPORT_PROCESS = "OTEL_RL_IN_EXPORT_PROCESS"
 #: extra time the trainer waits, after the shutdown budget, for the child to finish its tracker runs
@@ -472,7 +468,6 @@ class _Server:
                 pass
 
         self.receiver.max_chars = int(getattr(config, "max_value_chars", self.receiver.max_chars))
-        _mark_absent(_PROBED_OPTIONAL_MODULES)
         if gc.isenabled():
             # The trackers import large libraries and open their runs first (hundreds of thousands of
             # objects): collecting meanwhile re-scans them all, again and again.  The GC stays off until
@@ -486,6 +481,9 @@ class _Server:
                 exp = registry.create(name, config)
                 exp.wants_trajectories = bool(wants_trajectories)  # the trainer's routing decides
                 self.queues[name] = DeliveryQueue(exp, queue_size, config=config)
+                # optional modules its library tries to import again and again: a missing one is searched
+                # for on the whole sys.path at every attempt
+                _mark_absent(getattr(exp, "probed_modules", ()))
                 ready[name] = None
             except Exception as exc:
                 self.errors[name] = f"{type(exc).__name__}: {exc}"

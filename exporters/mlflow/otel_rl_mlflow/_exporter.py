@@ -40,6 +40,8 @@ from otel_rl import semconv as sc
 from otel_rl.exporters.tracker import TrackerExporter, flatten_config
 from otel_rl.records import Generations, RunIdentity, RunStart, StepMetrics, Trajectory
 
+from otel_rl.spool.store import _fsync_dir
+
 from . import _bulk, _traces
 from ._keys import (
     MAX_EXPERIMENT_NAME_CHARS,
@@ -80,12 +82,16 @@ _DATA_ERROR_CODES = {"INVALID_PARAMETER_VALUE", "BAD_REQUEST", "INVALID_STATE"}
 
 
 def _sqlite_path(uri: str) -> str | None:
-    """The file of a ``sqlite:///`` tracking URI (None for anything else, or an in-memory database)."""
-    prefix = "sqlite:///"
-    if not uri.startswith(prefix):
+    """The file of a sqlite tracking URI, as SQLAlchemy reads it (None for anything else, or in memory)."""
+    try:
+        from sqlalchemy.engine import make_url
+
+        url = make_url(uri)
+    except Exception:
         return None
-    path = uri[len(prefix):].split("?", 1)[0]
-    return None if not path or path == ":memory:" else path
+    if url.get_backend_name() != "sqlite" or not url.database or url.database == ":memory:":
+        return None
+    return url.database
 
 
 def _create_sqlite_store(uri: str) -> bool:
@@ -125,11 +131,7 @@ def _create_sqlite_store(uri: str) -> bool:
             os.link(tmp, path)  # fails if a store appeared meanwhile: that one stays
         except FileExistsError:
             return False
-        dfd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        _fsync_dir(directory)  # the new name, durable
         return True
     except Exception as exc:  # MLflow creates the store itself, one migration at a time
         _log.debug("otel-rl: creating the MLflow store %s in one go failed (%s); MLflow creates it", path, exc)
@@ -222,6 +224,9 @@ class MlflowExporter(TrackerExporter):
     """otel-rl -> MLflow.  Settings come from the environment (see the README)."""
 
     tracker_name = "mlflow"
+    #: MLflow's cost calculation tries ``import litellm`` for every LLM span it stores (~0.2 ms when it is
+    #: not installed); the export process marks these absent once (`otel_rl._sidecar._mark_absent`)
+    probed_modules = ("litellm",)
 
     def __init__(self, config: Any, tracking_uri: str | None = None):
         super().__init__(config)
