@@ -12,6 +12,9 @@ Metric values/s (100 verl-named keys per step):
               _MlflowLoggingAdapter)
   limit       MlflowClient.log_batch of 1000 prebuilt Metric objects (MLflow's per-request
               maximum): the store's limit
+  ours, a step per call   export_records([StepMetrics]) once per step, as in a run that delivers
+              every step on its own: on sqlite the direct metric writer (otel_rl_mlflow._bulk_metrics)
+  ours, MLflow path, a step per call   the same with OTEL_RL_MLFLOW_BULK_METRICS=false: log_batch
 Traces/s (4-span trajectories: AGENT root, CHAIN, LLM with token usage, TOOL; 5 trace tags):
   ours        MlflowExporter.export_records(Trajectory records): build MLflow spans; on sqlite the
               direct writer (otel_rl_mlflow._bulk: the rows log_spans + link_traces_to_run
@@ -63,7 +66,7 @@ import otel_rl  # noqa: E402
 from otel_rl.config import resolve  # noqa: E402
 from otel_rl.records import RunIdentity, RunStart, StepMetrics, Trajectory  # noqa: E402
 from otel_rl.testing import CaptureExporter  # noqa: E402
-from otel_rl_mlflow import MlflowExporter, verl_sanitize  # noqa: E402
+from otel_rl_mlflow import MlflowExporter, _bulk_metrics, verl_sanitize  # noqa: E402
 from otel_rl_mlflow._traces import SpanBuilder  # noqa: E402
 
 
@@ -112,11 +115,22 @@ def bench_metrics(uri: str, n_rounds: int, steps: int, keys: list[str]) -> list[
     ours, e2e, verl, limit = (Result("ours (exporter)", "values/s"), Result("ours e2e (log()+flush)", "values/s"),
                               Result("verl: mlflow.log_metrics per step", "values/s"),
                               Result("limit: log_batch x1000", "values/s"))
+    per_step, per_step_mlflow = (Result("ours, a step per call", "values/s"),
+                                 Result("ours, MLflow path, a step per call", "values/s"))
     clean = [verl_sanitize(k) for k in keys]
     cfg = resolve(project="bench-metrics", experiment="ours")
     exporter = MlflowExporter(cfg, tracking_uri=uri)
     ident = RunIdentity("bench-metrics", cfg.experiment, cfg.run_id)
     exporter.export_records([RunStart(ident, {}, 0, time.time_ns())])  # open the run outside the timing
+    step_exporters = {}
+    for name, env in (("direct", "true"), ("mlflow", "false")):  # the writer is chosen at the first metrics
+        os.environ[_bulk_metrics.ENV_BULK_METRICS] = env
+        cfg_s = resolve(project="bench-metrics", experiment=f"per-step-{name}")
+        ex = MlflowExporter(cfg_s, tracking_uri=uri)
+        ident_s = RunIdentity("bench-metrics", cfg_s.experiment, cfg_s.run_id)
+        ex.export_records([RunStart(ident_s, {}, 0, time.time_ns()), StepMetrics(ident_s, 0, {"warm": 1.0}, 1)])
+        step_exporters[name] = (ex, ident_s)
+    os.environ.pop(_bulk_metrics.ENV_BULK_METRICS)
     h = otel_rl.init(project="bench-metrics", experiment="e2e", exporters=["mlflow"], batch_delay_s=0.05)
     h.flush(60)
     limit_run = client.create_run(exp_id, run_name="limit").info.run_id
@@ -130,6 +144,16 @@ def bench_metrics(uri: str, n_rounds: int, steps: int, keys: list[str]) -> list[
                  for s in range(steps)]
         t0 = time.perf_counter()
         exporter.export_records(batch)  # what the delivery thread does with one batch
+        return steps * len(keys), time.perf_counter() - t0
+
+    def per_step_run(name: str, r: int) -> tuple[int, float]:
+        ex, ident_s = step_exporters[name]
+        now = time.time_ns()
+        batches = [[StepMetrics(ident_s, 1 + r * steps + s, {k: float(s + i) for i, k in enumerate(keys)}, now + s)]
+                   for s in range(steps)]
+        t0 = time.perf_counter()
+        for b in batches:
+            ex.export_records(b)
         return steps * len(keys), time.perf_counter() - t0
 
     def run_e2e(r: int) -> tuple[int, float]:
@@ -159,12 +183,17 @@ def bench_metrics(uri: str, n_rounds: int, steps: int, keys: list[str]) -> list[
         return total, time.perf_counter() - t0
 
     try:
-        rounds([(ours, run_ours), (e2e, run_e2e), (verl, run_verl), (limit, run_limit)], n_rounds)
+        rounds([(ours, run_ours), (e2e, run_e2e), (verl, run_verl), (limit, run_limit),
+                (per_step, lambda r: per_step_run("direct", r)),
+                (per_step_mlflow, lambda r: per_step_run("mlflow", r))], n_rounds)
+        assert step_exporters["direct"][0]._bulk_metrics and not step_exporters["mlflow"][0]._bulk_metrics
     finally:
         mlflow.end_run()
         h.shutdown()
         exporter.shutdown()
-    return [ours, e2e, verl, limit]
+        for ex, _ in step_exporters.values():
+            ex.shutdown()
+    return [ours, e2e, verl, limit, per_step, per_step_mlflow]
 
 
 # ----------------------------------------------------------------------------- traces
@@ -317,7 +346,8 @@ def main() -> None:
         m = bench_metrics(uri, n_rounds, steps, verl_keys())
         report("metric values/s (sqlite)", m,
                [("ours (exporter)", "limit: log_batch x1000"), ("ours (exporter)", "verl: mlflow.log_metrics per step"),
-                ("ours e2e (log()+flush)", "limit: log_batch x1000")])
+                ("ours e2e (log()+flush)", "limit: log_batch x1000"),
+                ("ours, a step per call", "ours, MLflow path, a step per call")])
         t = bench_traces(uri, n_rounds, per_round)
         report("traces/s, 4-span trajectories (sqlite)", t,
                [("ours (exporter)", "batched: log_spans x100, prebuilt"),

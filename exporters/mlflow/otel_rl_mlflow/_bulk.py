@@ -67,12 +67,47 @@ def enabled_by_env() -> bool:
     return os.environ.get(ENV_BULK, "true").strip().lower() not in ("0", "false", "no", "off")
 
 
-class BulkTraceWriter:
+def sqlite_store_path(store: Any) -> str | None:
+    """The local sqlite file of an MLflow ``SqlAlchemyStore``; None for other stores, in-memory or missing files."""
+    from mlflow.store.tracking import sqlalchemy_store as m
+
+    if not isinstance(store, m.SqlAlchemyStore) or store.db_type != "sqlite":
+        return None
+    db = store.engine.url.database
+    if not db or db == ":memory:" or not os.path.exists(db):
+        return None
+    return os.path.abspath(db)
+
+
+class SqliteWriter:
+    """A direct writer's own connection to a sqlite store file (autocommit; transactions are explicit)."""
+
+    def __init__(self, db_path: str):
+        self.path = db_path
+        self._con: sqlite3.Connection | None = None
+        self._lock = threading.Lock()
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._con is None:
+            self._con = sqlite3.connect(self.path, timeout=60.0, isolation_level=None, check_same_thread=False)
+        return self._con
+
+    def close(self) -> None:
+        with self._lock:
+            if self._con is not None:
+                try:
+                    self._con.close()
+                except sqlite3.Error:
+                    pass
+                self._con = None
+
+
+class BulkTraceWriter(SqliteWriter):
     """Writes new MLflow traces of a sqlite tracking store directly (see the module doc)."""
 
     def __init__(self, store: Any, db_path: str, helpers: dict[str, Any]):
+        super().__init__(db_path)
         self.store = store
-        self.path = db_path
         self.h = helpers
         self.state = "probing"  # -> "on" after a verified shape; "off" after a mismatch
         self.verified: set[Any] = set()
@@ -80,8 +115,6 @@ class BulkTraceWriter:
         self.fast_traces = 0  # written here
         self.mlflow_traces = 0  # written by MLflow (probes, re-deliveries, after a mismatch)
         self._artifact_locations: dict[str, str] = {}
-        self._con: sqlite3.Connection | None = None
-        self._lock = threading.Lock()
         self._id_tables: dict[str, list[str]] | None = None
 
     # -- construction ----------------------------------------------------------------------
@@ -93,13 +126,11 @@ class BulkTraceWriter:
         try:
             from mlflow.store.tracking import sqlalchemy_store as m
 
-            if not isinstance(store, m.SqlAlchemyStore) or store.db_type != "sqlite":
+            db = sqlite_store_path(store)
+            if db is None:
                 return None
             if m.rollups_enabled():
                 return None  # log_spans also queues rollup rebuilds: left to MLflow
-            db = store.engine.url.database
-            if not db or db == ":memory:" or not os.path.exists(db):
-                return None
             helpers = {name: getattr(m, name) for name in (
                 "translate_span_when_storing", "TraceJSONEncoder", "_span_aggregation_node",
                 "aggregate_usage_from_span_nodes", "aggregate_cost_from_span_nodes", "validate_session_id",
@@ -120,7 +151,7 @@ class BulkTraceWriter:
         except Exception as exc:  # an MLflow without these parts: MLflow writes the traces
             _log.debug("otel-rl: MLflow bulk trace writes not available: %s", exc)
             return None
-        return cls(store, os.path.abspath(db), helpers)
+        return cls(store, db, helpers)
 
     # -- the entry point -------------------------------------------------------------------
     def log(self, experiment_id: str, run_id: str, traces: Sequence[tuple[str, list[Any]]],
@@ -278,11 +309,6 @@ class BulkTraceWriter:
         return out
 
     # -- sqlite ------------------------------------------------------------------------------
-    def _connection(self) -> sqlite3.Connection:
-        if self._con is None:
-            self._con = sqlite3.connect(self.path, timeout=60.0, isolation_level=None, check_same_thread=False)
-        return self._con
-
     def _existing(self, trace_ids: list[str]) -> set[str]:
         if not trace_ids:
             return set()
@@ -357,16 +383,6 @@ class BulkTraceWriter:
         self.mismatch = diff
         _log.warning("otel-rl: MLflow store %s: the direct trace writer does not write what MLflow %s writes (%s); "
                      "MLflow writes the traces (slower)", self.path, _mlflow_version(), diff)
-
-    def close(self) -> None:
-        with self._lock:
-            if self._con is not None:
-                try:
-                    self._con.close()
-                except sqlite3.Error:
-                    pass
-                self._con = None
-
 
 def compare(expected: Rows, stored: dict[str, list[dict[str, Any]]]) -> str | None:
     """None when `stored` holds exactly the rows of `expected` (volatile columns aside); else what differs."""

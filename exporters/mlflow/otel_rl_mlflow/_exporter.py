@@ -42,7 +42,7 @@ from otel_rl.records import Generations, RunIdentity, RunStart, StepMetrics, Tra
 
 from otel_rl.spool.store import _fsync_dir
 
-from . import _bulk, _traces
+from . import _bulk, _bulk_metrics, _traces
 from ._keys import (
     MAX_EXPERIMENT_NAME_CHARS,
     MAX_KEY_CHARS,
@@ -241,6 +241,7 @@ class MlflowExporter(TrackerExporter):
         self._warned: set[str] = set()
         self._log_spans_supported = True
         self._bulk: Any = None  # _bulk.BulkTraceWriter, False (not applicable), None (not looked at)
+        self._bulk_metrics: Any = None  # _bulk_metrics.BulkMetricWriter, False, None: the same
 
     # -- clients ------------------------------------------------------------------------
     def _clients(self) -> tuple[Any, Any]:
@@ -386,6 +387,8 @@ class MlflowExporter(TrackerExporter):
         self.runs.clear()
         if self._bulk:
             self._bulk.close()
+        if self._bulk_metrics:
+            self._bulk_metrics.close()
         if not runs or self._client is None:
             return
 
@@ -455,14 +458,28 @@ class MlflowExporter(TrackerExporter):
                 calls.append(([], tags))
         key = self._progress_key("metrics", records)
         done = self._progress.get(key, 0)
+        bulk = self._bulk_metric_writer(client)
         for j in range(done, len(calls)):
             ms, ts = calls[j]
             try:
-                client.log_batch(handle.run_id, metrics=ms, tags=ts)
+                if bulk is not None and not ts:
+                    bulk.log(handle.run_id, ms, lambda part: client.log_batch(handle.run_id, metrics=part))
+                else:
+                    client.log_batch(handle.run_id, metrics=ms, tags=ts)
             except Exception:
                 self._progress[key] = j
                 raise
         self._progress.pop(key, None)
+
+    def _bulk_metric_writer(self, client: Any) -> Any:
+        """The direct sqlite metric writer for this store (`_bulk_metrics`), or None."""
+        if self._bulk_metrics is None:
+            try:
+                store = client._tracking_client.store
+                self._bulk_metrics = _bulk_metrics.BulkMetricWriter.for_store(store) or False
+            except Exception:
+                self._bulk_metrics = False
+        return self._bulk_metrics or None
 
     def _progress_key(self, part: str, records: Sequence[Any]) -> tuple:
         first, last = records[0], records[-1]
