@@ -221,18 +221,16 @@ class BulkMetricWriter(SqliteWriter):
     def _probe(self, run_id: str, metrics: list[Any], rows: list[tuple],
                mlflow_write: Callable[[list[Any]], None]) -> None:
         """MLflow writes this batch; its rows are compared with the ones computed here."""
-        keys = sorted({r[0] for r in rows})
+        snapshot: tuple[dict[str, tuple], dict[str, int]] | str
         try:
-            before, counts = self._snapshot(run_id, keys)
+            snapshot = self._snapshot(run_id, sorted({r[0] for r in rows}))
         except Exception as exc:
-            before, counts = None, None
-            snapshot_error = f"{type(exc).__name__}: {exc}"
+            snapshot = f"{type(exc).__name__}: {exc}"
         self._mlflow(metrics, mlflow_write)  # MLflow's errors propagate as they would without this writer
-        if before is None:
-            diff: str | None = snapshot_error
-        else:
+        diff: str | None = snapshot if isinstance(snapshot, str) else None
+        if diff is None:
             try:
-                diff = self._compare(run_id, rows, before, counts or {})
+                diff = self._compare(run_id, rows, *snapshot)
             except Exception as exc:  # cannot tell: stay on MLflow's path
                 diff = f"{type(exc).__name__}: {exc}"
         if diff is None:
@@ -257,8 +255,7 @@ class BulkMetricWriter(SqliteWriter):
         if any(set(d) != set(_LATEST_COLUMNS) for d in latest):
             return f"latest_metrics columns {sorted(latest[0])}"
         got_latest = {d["key"]: _as_row(d, _LATEST_COLUMNS) for d in latest}
-        want = {k: tuple(v) for k, v in expected_latest.items() if k in got_latest or k in {r[0] for r in rows}}
-        if got_latest != want:
+        if got_latest != {k: tuple(v) for k, v in expected_latest.items()}:  # both: the batch's keys only
             return "latest_metrics rows differ"
         _, after = self._snapshot(run_id, [])
         if after != counts:
