@@ -127,7 +127,7 @@ POISON_MAX_ATTEMPTS = 3
 class _Entry:
     """One batch: in memory, and on disk too once it has a spool frame."""
 
-    __slots__ = ("spans", "records", "n", "frame", "spans_done", "unspoolable")
+    __slots__ = ("spans", "records", "n", "frame", "spans_done", "unspoolable", "t", "parts", "alone")
 
     def __init__(self, spans: list, records: list, n: int, frame: Any = None):
         self.spans = spans
@@ -136,6 +136,19 @@ class _Entry:
         self.frame = frame  # otel_rl.spool.store.Frame once written to the spool
         self.spans_done = False  # a retry after a records failure does not resend the spans
         self.unspoolable = False  # could not be written (codec error / cap): delivered from memory only
+        self.t = time.monotonic()  # when it was queued (export_interval_s counts from the oldest)
+        self.parts: list[_Entry] | None = None  # a gathered batch: the batches it was made of
+        self.alone = False  # split off a gathered batch that failed: delivered alone
+
+    @staticmethod
+    def gather(parts: list[_Entry]) -> _Entry:
+        """One delivery made of several memory batches, in order (their spans, then their records)."""
+        spans = [s for p in parts for s in p.spans]
+        records = [r for p in parts for r in p.records]
+        e = _Entry(spans, records, sum(p.n for p in parts))
+        e.t = parts[0].t
+        e.parts = parts
+        return e
 
 
 class DeliveryQueue:
@@ -153,8 +166,15 @@ class DeliveryQueue:
     adopted = False  # took over from the export process (Pipeline.adopt)
 
     def __init__(self, exporter: Any, max_items: int, backoff_max_s: float = 30.0, *,
-                 spool: Any = None, config: Any = None):
+                 spool: Any = None, config: Any = None, gather_s: float | None = None):
         self.exporter = exporter
+        # export_interval_s: an exporter that gathers (the trackers) gets the batches queued within
+        # this time of the oldest one in one delivery: fewer calls and transactions, the same data
+        if gather_s is None:
+            gather_s = float(getattr(config, "export_interval_s", 0.0) or 0.0) \
+                if getattr(exporter, "gathers", False) else 0.0
+        self._gather_s = max(0.0, gather_s)
+        self._flushing = 0  # wait_idle() calls waiting: no gathering then
         self.name = exporter.name
         self.stats = ExporterStats()
         self._mem: deque[_Entry] = deque()  # memory-only batches, all newer than the spool's frames
@@ -385,6 +405,11 @@ class DeliveryQueue:
                           "otel-rl: exporter %r failed (%s: %s); the batch is kept and retried",
                           self.name, type(exc).__name__, exc)
                 poison_attempts = poison_attempts + 1 if isinstance(exc, POISON_ERRORS) else 0
+                if poison_attempts >= POISON_MAX_ATTEMPTS and e.parts and e.frame is None:
+                    # a gathered batch: find the bad one among the batches it was made of
+                    self._split(e)
+                    poison_attempts = attempt = 0
+                    continue
                 if poison_attempts >= POISON_MAX_ATTEMPTS:
                     # the same data error every time: this batch will never go through
                     _log.error("otel-rl: exporter %r rejected a batch %d times (%s: %s); dropped its %d items",
@@ -465,14 +490,20 @@ class DeliveryQueue:
                     else:
                         with self._cond:
                             self._refresh()
+                gather_wait = 0.0
                 if frame is None:
                     with self._cond:
                         if self._mem:
-                            entry = self._mem.popleft()
-                            self._mem_items -= entry.n
-                            self._current = entry
-                            self._refresh()
-                            return entry
+                            gather_wait = self._gather_left()
+                            if gather_wait <= 0:
+                                entry = self._take_memory()
+                                self._current = entry
+                                self._refresh()
+                                return entry
+            if gather_wait > 0:
+                with self._cond:
+                    self._cond.wait(gather_wait)
+                continue
             if frame is not None:
                 try:
                     spans, records = decode_batch(frame.payload)
@@ -503,6 +534,41 @@ class DeliveryQueue:
                 with self._io:
                     if sp.opened and sp.dirty:
                         self._sync_spool(sp)
+
+    def _gather_left(self) -> float:
+        """Seconds the delivery thread waits for more batches before the memory queue's oldest goes
+        out (0: now).  Under _cond, with batches in memory."""
+        if self._gather_s <= 0 or self._stop or self._flushing or self._mem_items >= _GATHER_MAX_ITEMS:
+            return 0.0
+        return self._mem[0].t + self._gather_s - time.monotonic()
+
+    def _take_memory(self) -> _Entry:
+        """The memory queue's oldest batch, gathered with the ones after it when this queue gathers
+        (up to _GATHER_MAX_ITEMS; a batch split off a failed gathered one goes alone).  Under _cond."""
+        entry = self._mem.popleft()
+        self._mem_items -= entry.n
+        if self._gather_s <= 0 or entry.alone:
+            return entry
+        parts = [entry]
+        n = entry.n
+        while self._mem and not self._mem[0].alone and n + self._mem[0].n <= _GATHER_MAX_ITEMS:
+            e = self._mem.popleft()
+            self._mem_items -= e.n
+            n += e.n
+            parts.append(e)
+        return parts[0] if len(parts) == 1 else _Entry.gather(parts)
+
+    def _split(self, e: _Entry) -> None:
+        """A gathered batch that the exporter rejects as bad data: its batches go back to the front
+        of the memory queue, each to be delivered (or rejected) alone."""
+        with self._cond:
+            for p in reversed(e.parts or []):
+                p.alone = True
+                p.spans_done = p.spans_done or e.spans_done
+                self._mem.appendleft(p)
+                self._mem_items += p.n
+            self._current = None
+            self._refresh()
 
     def _cache_take(self, frame: Any) -> _Entry | None:
         if not self._cache:
@@ -597,15 +663,19 @@ class DeliveryQueue:
         every batch put before it is delivered or acknowledged in the spool."""
         deadline = time.monotonic() + timeout_s
         with self._cond:
-            if not self._idle():
-                self._nudge = True  # a flush: retry now rather than at the end of the backoff
-                self._cond.notify_all()
-            while not self._idle():
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                self._cond.wait(left)
-            idle = self._idle()
+            self._flushing += 1  # what is gathering goes out now
+            try:
+                if not self._idle():
+                    self._nudge = True  # a flush: retry now rather than at the end of the backoff
+                    self._cond.notify_all()
+                while not self._idle():
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._cond.wait(left)
+                idle = self._idle()
+            finally:
+                self._flushing -= 1
         sp = self._spool
         if not idle:
             if sp is not None:
@@ -642,6 +712,7 @@ class DeliveryQueue:
 
 
 _SYNC_INTERVAL_S = 1.0
+_GATHER_MAX_ITEMS = 20_000  # a gathered delivery holds at most this many items (spans + records)
 
 
 def _make_spool(spool: Any, config: Any, exporter: Any) -> Any:

@@ -73,6 +73,7 @@ class Config:
     otlp_headers: str | None = None
     max_value_chars: int = 256 * 1024
     batch_delay_s: float = 0.2
+    export_interval_s: float = 1.0  # a tracker exporter gathers what is queued within this time into one delivery
     queue_size: int = 100_000
     # durable delivery (docs/delivery.md): the on-disk spool behind each exporter's queue
     spool_dir: str | None = None  # None: ~/.cache/otel-rl/spool/<run id>; "off": no spool
@@ -112,6 +113,7 @@ ENV_KEYS: dict[str, str] = {
     "OTEL_RL_JSONL_PATH": "jsonl_path",
     "OTEL_RL_MAX_VALUE_CHARS": "max_value_chars",
     "OTEL_RL_BATCH_DELAY_S": "batch_delay_s",
+    "OTEL_RL_EXPORT_INTERVAL_S": "export_interval_s",
     "OTEL_RL_QUEUE_SIZE": "queue_size",
     "OTEL_RL_SPOOL_DIR": "spool_dir",
     "OTEL_RL_SPOOL_MAX_BYTES": "spool_max_bytes",
@@ -372,6 +374,14 @@ def _coerce(field: str, v: Any, source: str) -> Any:
             return float(v)
         except (TypeError, ValueError):
             raise ConfigError(f"{label}: expected seconds, got {v!r}") from None
+    if field == "export_interval_s":
+        try:
+            out_s = float(v)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{label}: expected seconds, got {v!r}") from None
+        if not 0.0 <= out_s <= 3600.0:
+            raise ConfigError(f"{label}: expected seconds between 0 and 3600, got {v!r}")
+        return out_s
     if field == "exporters":
         return _as_names(label, v)
     if field == "trace_backend":

@@ -110,3 +110,110 @@ def test_tracker_base_retry_is_idempotent_per_part():
         h.shutdown(5)
     assert exp.metrics == [(1, {"a": 1.0})]
     assert exp.generations == [[("q", "a", 1.0)]]
+
+
+# -- export_interval_s: a tracker exporter's queue gathers what is queued into one delivery -----------
+
+class Calls(otel_rl.Exporter):
+    """Keeps each export_records call; rejects (as bad data) any call holding step `bad`."""
+
+    gathers = True
+
+    def __init__(self, bad: int | None = None):
+        self.calls: list[list[int]] = []
+        self.bad = bad
+
+    def export_records(self, records):
+        steps = [r.step for r in records]
+        if self.bad in steps:
+            raise ValueError(f"step {self.bad} cannot be stored")
+        self.calls.append(steps)
+
+
+def _metrics(step: int) -> list:
+    return [StepMetrics(run=None, step=step, values={"x": float(step)}, time_ns=step)]
+
+
+def _wait(cond, timeout_s: float = 15.0) -> None:
+    import time
+
+    end = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.01)
+
+
+def test_gathered_batches_go_out_in_one_call_in_order():
+    from otel_rl._pipeline import DeliveryQueue
+
+    exp = Calls()
+    q = DeliveryQueue(exp, 1000, gather_s=1.5)
+    try:
+        for s in range(1, 6):
+            assert q.put([], _metrics(s))
+        _wait(lambda: exp.calls)
+        assert exp.calls == [[1, 2, 3, 4, 5]]  # five batches, one delivery, in order
+        assert q.stats.exported == 5 and q.stats.queued == 0
+    finally:
+        q.stop(5)
+
+
+def test_flush_and_stop_do_not_wait_for_the_interval():
+    import time
+
+    from otel_rl._pipeline import DeliveryQueue
+
+    exp = Calls()
+    q = DeliveryQueue(exp, 1000, gather_s=60.0)
+    t0 = time.monotonic()
+    for s in (1, 2):
+        q.put([], _metrics(s))
+    assert q.wait_idle(20)  # a flush delivers now
+    assert time.monotonic() - t0 < 20
+    assert [s for c in exp.calls for s in c] == [1, 2]
+    q.put([], _metrics(3))
+    q.stop(20)  # and so does a stop
+    assert time.monotonic() - t0 < 20
+    assert [s for c in exp.calls for s in c] == [1, 2, 3]
+
+
+def test_a_bad_batch_in_a_gathered_delivery_drops_only_itself(caplog):
+    from otel_rl._pipeline import DeliveryQueue
+
+    exp = Calls(bad=2)
+    q = DeliveryQueue(exp, 1000, gather_s=1.0)
+    try:
+        for s in (1, 2, 3):
+            q.put([], _metrics(s))
+        _wait(lambda: q.stats.exported + q.stats.dropped == 3)
+        assert [s for c in exp.calls for s in c] == [1, 3]  # the good batches, once each
+        assert q.stats.dropped == 1
+    finally:
+        q.stop(5)
+    assert any("rejected a batch 3 times" in r.getMessage() for r in caplog.records)
+
+
+def test_only_gathering_exporters_gather_and_the_setting_is_checked():
+    import pytest
+
+    from otel_rl._pipeline import DeliveryQueue
+    from otel_rl.config import resolve
+
+    class Plain(Calls):
+        gathers = False
+
+    cfg = resolve(export_interval_s=5)
+    plain, tracker = Plain(), Calls()
+    qp, qt = DeliveryQueue(plain, 1000, config=cfg), DeliveryQueue(tracker, 1000, config=cfg)
+    try:
+        qp.put([], _metrics(1))
+        _wait(lambda: plain.calls)  # at once: console and file lines are not held back
+        assert qp._gather_s == 0 and qt._gather_s == 5.0
+    finally:
+        qp.stop(5)
+        qt.stop(5)
+    assert resolve(env={}).export_interval_s == 1.0
+    assert resolve(env={"OTEL_RL_EXPORT_INTERVAL_S": "0"}).export_interval_s == 0.0
+    for bad in ("-1", "nan", "soon", 1e9):
+        with pytest.raises(otel_rl.ConfigError, match="export_interval_s"):
+            resolve(export_interval_s=bad)

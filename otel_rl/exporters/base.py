@@ -38,6 +38,9 @@ class Exporter:
     wants_spans: bool = False
     #: consumes records at all (console/jsonl/trackers); False for metric-only exporters
     wants_records: bool = True
+    #: its queue gathers the batches of `export_interval_s` into one delivery (the trackers: fewer
+    #: calls and store transactions); False: each batch goes out as soon as it is queued
+    gathers: bool = False
 
     def export_records(self, records: Sequence[Any]) -> None:  # pragma: no cover - default
         return None

@@ -34,6 +34,8 @@ class TrackerExporter(Exporter):
     out_of_process: bool = True
     #: ... and goes there with ``export_process=auto`` when its library is not imported at init()
     export_process_auto: bool = True
+    #: deliveries gathered over `export_interval_s` (docs/delivery.md)
+    gathers = True
 
     @classmethod
     def routing(cls, config: Any) -> bool:

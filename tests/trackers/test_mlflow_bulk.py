@@ -327,3 +327,32 @@ def test_span_content_is_what_mlflow_parses(tmp_path):
     assert spans["chat policy-7b"].attributes["mlflow.chat.tokenUsage"]["input_tokens"] == 7
     assert spans["execute_tool calculator"].outputs == 4.0
     assert trace_api.format_trace_id(t.trace_id) in tr.info.trace_id
+
+
+def test_large_deliveries_one_transaction_and_mlflow_calls_within_its_limits(tmp_path):
+    # a gathered delivery (export_interval_s) holds more traces than MLflow takes in one call (100 trace
+    # links): MLflow's calls (the shapes' probes) are split, the direct writer takes the rest at once
+    trajs, ident = captured(steps=60)
+    stores = {}
+    first = [t for t in trajs if t.sample_index == 0][:2]  # one shape verified; 180 of the other shapes follow
+    rest = [t for t in trajs if t not in first]
+    for name, batches in (("one-delivery", [trajs]), ("verified-first", [first, rest])):
+        path = tmp_path / f"{name}.db"
+        cfg = resolve(project=ident.project, experiment=ident.experiment, run_id=ident.run_id, trace_backend="mlflow")
+        exp = MlflowExporter(cfg, tracking_uri=f"sqlite:///{path}")
+        exp.export_records([RunStart(ident, {"a": 1}, 0, time.time_ns())])
+        for b in batches:
+            exp.export_records(b)
+        writer = exp._bulk
+        assert writer.state == "on" and writer.fast_traces + writer.mlflow_traces == len(trajs)
+        run = next(iter(exp.runs.values()))
+        exp.shutdown()
+        mlflow.set_tracking_uri(f"sqlite:///{path}")
+        try:
+            linked = mlflow.search_traces(locations=[run.experiment_id], run_id=run.run_id, return_type="list",
+                                          max_results=1000)
+        finally:
+            mlflow.set_tracking_uri(None)
+        assert len({t.info.trace_id for t in linked}) == len(trajs) == 240
+        stores[name] = trace_rows(str(path), ids_of(trajs), {run.run_id: "<run>"})
+    assert stores["verified-first"]["spans"] and stores["one-delivery"] == stores["verified-first"]

@@ -90,6 +90,10 @@ class SqliteWriter:
     def _connection(self) -> sqlite3.Connection:
         if self._con is None:
             self._con = sqlite3.connect(self.path, timeout=60.0, isolation_level=None, check_same_thread=False)
+            # room for a large transaction's pages: with sqlite's default 2 MiB cache, a transaction of a
+            # few thousand spans spills pages to the database file before its commit (more syncs, pages
+            # written twice)
+            self._con.execute("PRAGMA cache_size=-32768")
         return self._con
 
     def close(self) -> None:
@@ -155,9 +159,11 @@ class BulkTraceWriter(SqliteWriter):
 
     # -- the entry point -------------------------------------------------------------------
     def log(self, experiment_id: str, run_id: str, traces: Sequence[tuple[str, list[Any]]],
-            mlflow_write: Callable[[list[Any], list[str]], None]) -> None:
+            mlflow_write: Callable[[list[Any], list[str]], None], max_per_call: int = 100) -> None:
         """Store `traces` ((MLflow trace id, MLflow spans) each) of one experiment, linked to `run_id`.
-        `mlflow_write(spans, trace_ids)` is MLflow's own way (log_spans + link_traces_to_run)."""
+        `mlflow_write(spans, trace_ids)` is MLflow's own way (log_spans + link_traces_to_run), called
+        with at most `max_per_call` traces at a time; the direct writer takes all of its traces in one
+        transaction."""
         existing = self._existing([tid for tid, _ in traces])
         fast: list[tuple[str, list[Any]]] = []
         probe: list[tuple[str, list[Any], Any]] = []
@@ -174,14 +180,16 @@ class BulkTraceWriter(SqliteWriter):
         if fast:
             self._write(self._rows(experiment_id, run_id, fast))
             self.fast_traces += len(fast)
-        if probe:
-            spans_all = [s for _, spans, _ in probe for s in spans]
-            mlflow_write(spans_all, [tid for tid, _, _ in probe])
-            self.mlflow_traces += len(probe)
-            self._verify(experiment_id, run_id, probe)
-        if slow:
-            mlflow_write([s for _, spans in slow for s in spans], [tid for tid, _ in slow])
-            self.mlflow_traces += len(slow)
+        step = max(1, max_per_call)
+        for i in range(0, len(probe), step):
+            part = probe[i:i + step]
+            mlflow_write([s for _, spans, _ in part for s in spans], [tid for tid, _, _ in part])
+            self.mlflow_traces += len(part)
+            self._verify(experiment_id, run_id, part)
+        for i in range(0, len(slow), step):
+            part2 = slow[i:i + step]
+            mlflow_write([s for _, spans in part2 for s in spans], [tid for tid, _ in part2])
+            self.mlflow_traces += len(part2)
 
     # -- rows --------------------------------------------------------------------------------
     def _artifact_location(self, experiment_id: str) -> str:

@@ -75,6 +75,11 @@ MAX_PARAMS_TAGS_PER_BATCH = 100  # MLflow MAX_PARAMS_TAGS_PER_BATCH
 MAX_TRACES_PER_CALL = 100  # MLflow MAX_TRACE_LINKS_PER_REQUEST; also near the sqlite store's sweet spot
 MAX_SPANS_PER_CALL = 2000
 MAX_BYTES_PER_CALL = 8 << 20
+# with the direct sqlite writer on (_bulk): what one transaction may hold; fewer, larger transactions
+# write each index page they touch once instead of once per 100 traces
+MAX_TRACES_PER_TXN = 2000
+MAX_SPANS_PER_TXN = 20000
+MAX_BYTES_PER_TXN = 64 << 20
 INF_STEPS_KEPT = 1000  # per key, for the tag
 CLOSE_TIMEOUT_S = 10.0
 # MLflow error codes that mean "this request is wrong" (retrying cannot help)
@@ -555,7 +560,11 @@ class MlflowExporter(TrackerExporter):
         client, tracing = self._clients()
         if self._spans is None:
             self._spans = _traces.SpanBuilder()
-        calls = _traces.chunks(trajectories, MAX_TRACES_PER_CALL, MAX_SPANS_PER_CALL, MAX_BYTES_PER_CALL)
+        bulk = self._bulk_writer(tracing) if self._log_spans_supported else None
+        if bulk is not None and bulk.state == "on":
+            calls = _traces.chunks(trajectories, MAX_TRACES_PER_TXN, MAX_SPANS_PER_TXN, MAX_BYTES_PER_TXN)
+        else:
+            calls = _traces.chunks(trajectories, MAX_TRACES_PER_CALL, MAX_SPANS_PER_CALL, MAX_BYTES_PER_CALL)
         key = self._progress_key("traces", trajectories)
         done = self._progress.get(key, 0)
         for j in range(done, len(calls)):
@@ -574,7 +583,8 @@ class MlflowExporter(TrackerExporter):
             bulk = self._bulk_writer(tracing)
             if bulk is not None:
                 bulk.log(handle.experiment_id, handle.run_id, list(zip(ids, groups)),
-                         lambda spans, tids: self._log_spans(client, tracing, handle, spans, tids, trajs))
+                         lambda spans, tids: self._log_spans(client, tracing, handle, spans, tids, trajs),
+                         max_per_call=MAX_TRACES_PER_CALL)
                 return
         self._log_spans(client, tracing, handle, [s for g in groups for s in g], ids, trajs)
 
