@@ -356,3 +356,34 @@ def test_large_deliveries_one_transaction_and_mlflow_calls_within_its_limits(tmp
         assert len({t.info.trace_id for t in linked}) == len(trajs) == 240
         stores[name] = trace_rows(str(path), ids_of(trajs), {run.run_id: "<run>"})
     assert stores["verified-first"]["spans"] and stores["one-delivery"] == stores["verified-first"]
+
+
+def test_quick_sanitize_stores_what_mlflow_sanitize_stores():
+    # the writer's translation uses _bulk.quick_sanitize where MLflow's uses sanitize_attributes
+    import random
+
+    from mlflow.tracing.otel.translation import sanitize_attributes
+
+    rng = random.Random(7)
+    atoms = ["x", 'a "quoted" word', "{bad", "[1, 2", "1", "-2.5e3", "true", "null", "数学 🔥", "\\", " ", "", "\t{}"]
+    values: list = [1, 2.5, True, None, ["a", "b"], b'"\\"x\\""', b"{}", "\x0b\"x\"", " \n\"y\"", '"\u00a0{}"']
+    for _ in range(400):
+        base = rng.choice([rng.choice(atoms), {"k": rng.choice(atoms)}, [rng.choice(atoms), 3], 7, rng.choice(atoms)])
+        text = json.dumps(base) if not isinstance(base, str) or rng.random() < 0.5 else base
+        for _ in range(rng.randint(0, 3)):  # encoded again 0-3 times, with blanks around now and then
+            text = json.dumps(text)
+            if rng.random() < 0.2:
+                text = rng.choice([" ", "\t", "\n", "\r"]) + text
+        values.append(text)
+    attrs = {f"k{i}": v for i, v in enumerate(values)}
+    want = sanitize_attributes(attrs)
+    got = _bulk.quick_sanitize(attrs)
+    assert [(k, type(v), v) for k, v in got.items()] == [(k, type(v), v) for k, v in want.items()]
+    assert sum(1 for k in attrs if want[k] is not attrs[k]) > 20  # the corpus has values MLflow unwraps
+    # and the writer's translation is MLflow's with that one change
+    from mlflow.tracing.otel.translation import translate_span_when_storing
+
+    quick = _bulk._with_quick_sanitize(translate_span_when_storing)
+    assert quick is not translate_span_when_storing and quick.__code__ is translate_span_when_storing.__code__
+    assert quick.__globals__["sanitize_attributes"] is _bulk.quick_sanitize
+    assert translate_span_when_storing.__globals__["sanitize_attributes"] is sanitize_attributes

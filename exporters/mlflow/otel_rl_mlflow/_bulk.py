@@ -148,6 +148,7 @@ class BulkTraceWriter(SqliteWriter):
             from mlflow.entities.entity_type import EntityAssociationType
             from mlflow.utils.time import get_current_time_millis
 
+            helpers["translate_span_when_storing"] = _with_quick_sanitize(helpers["translate_span_when_storing"])
             helpers["EntityAssociationType"] = EntityAssociationType
             helpers["now_ms"] = get_current_time_millis
             default = m.SqlTraceInfo.__table__.c.db_payload_generation.server_default
@@ -422,6 +423,51 @@ def compare(expected: Rows, stored: dict[str, list[dict[str, Any]]]) -> str | No
 def _short(x: Any) -> str:
     s = repr(x)
     return s if len(s) <= 400 else s[:400] + "..."
+
+
+def stored_attribute(value: Any) -> Any:
+    """One span attribute value as MLflow's ``sanitize_attributes`` stores it, without parsing the
+    values it leaves alone.  The rule: a JSON text that decodes to a string, which itself decodes to
+    a string, an object or an array, is stored decoded once (a value encoded twice); any other value
+    as it is.  A JSON text decodes to a string only when its first non-blank character is a quote,
+    and to a string, an object or an array only when that character is one of ``"{[`` -- what every
+    other value (most of them: objects, numbers, short texts) is told apart by, before any parse."""
+    if type(value) is str:
+        head = value.lstrip()[:1]
+        if head != '"':
+            return value
+    try:
+        once = json.loads(value)
+    except (json.JSONDecodeError, TypeError):
+        return value
+    if not isinstance(once, str) or once.lstrip()[:1] not in ('"', "{", "["):
+        return value
+    try:
+        twice = json.loads(once)
+    except json.JSONDecodeError:
+        return value
+    return once if isinstance(twice, (str, dict, list)) else value
+
+
+def quick_sanitize(attributes: dict[str, Any]) -> dict[str, Any]:
+    """`stored_attribute` of each value, in a new dict (MLflow's ``sanitize_attributes``, same result)."""
+    return {k: stored_attribute(v) for k, v in attributes.items()}
+
+
+def _with_quick_sanitize(translate: Callable[[Any], dict[str, Any]]) -> Callable[[Any], dict[str, Any]]:
+    """MLflow's ``translate_span_when_storing`` for this writer only, calling `quick_sanitize` where it
+    calls ``sanitize_attributes`` (MLflow's own writes keep the original).  ``sanitize_attributes``
+    parses every attribute value, and again when the first parse gives a string: ~40 % of the cost of
+    the translation for the writer's spans.  The verification compares the rows with MLflow's own, so
+    an MLflow whose rule differs turns the writer off."""
+    import types
+
+    code = getattr(translate, "__code__", None)
+    if code is None or "sanitize_attributes" not in code.co_names or translate.__closure__:
+        return translate
+    scope = dict(translate.__globals__)
+    scope["sanitize_attributes"] = quick_sanitize
+    return types.FunctionType(code, scope, translate.__name__, translate.__defaults__)
 
 
 def _status_text(code: Any) -> str:
