@@ -93,6 +93,41 @@ def _mark_absent(names: Sequence[str]) -> None:
             sys.modules[name] = None  # type: ignore[assignment]
 
 
+def _set_cpus(spec: str | None) -> None:
+    """export_process_cpus: keep the export process (and the threads and processes it starts: the
+    exporters', wandb's service) on these CPUs, off the ones the training thread runs on.  Where
+    both share a core, the export process runs there whenever the trainer waits a moment (the idle
+    class does not prevent that), and the trainer finds that core's caches filled with the export
+    process's data.  ``last``: the highest CPU this process may use, when it may use two or more."""
+    if not spec or not hasattr(os, "sched_setaffinity"):
+        return
+    try:
+        allowed = os.sched_getaffinity(0)
+        if spec == "last":
+            if len(allowed) < 2:
+                return
+            cpus = {max(allowed)}
+        else:
+            from .config import parse_cpu_list
+
+            cpus = parse_cpu_list(spec) & allowed
+            if not cpus:
+                _log.warning("otel-rl: export_process_cpus=%s: none of these CPUs is available (%s); not set",
+                             spec, sorted(allowed))
+                return
+        try:
+            tids = [int(t) for t in os.listdir("/proc/self/task")]
+        except OSError:
+            tids = [0]
+        for tid in tids:  # every thread there is now; later ones inherit it
+            try:
+                os.sched_setaffinity(tid, cpus)
+            except ProcessLookupError:
+                pass
+    except (OSError, ValueError) as exc:
+        _log.warning("otel-rl: export_process_cpus=%s could not be applied (%s)", spec, exc)
+
+
 def _write(f: Any, msg: Any) -> None:
     data = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
     f.write(_HDR.pack(len(data)))
@@ -467,6 +502,7 @@ class _Server:
             except OSError:
                 pass
 
+        _set_cpus(getattr(config, "export_process_cpus", None))
         self.receiver.max_chars = int(getattr(config, "max_value_chars", self.receiver.max_chars))
         if gc.isenabled():
             # The trackers import large libraries and open their runs first (hundreds of thousands of

@@ -84,6 +84,7 @@ class Config:
     export_process: str = "auto"  # auto/true: tracker exporters run in a child process | false: in-process
     export_process_nice: int = 19  # the child's niceness increment: training keeps the CPU when both want it
     export_process_idle: bool = True  # Linux: the child runs under SCHED_IDLE (only CPU time nothing else wants)
+    export_process_cpus: str | None = None  # Linux: CPUs the child may run on ("last", or a list like "6,7" / "4-7")
     set_global_provider: bool = False
     disabled: bool = False
     resource_attributes: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -123,6 +124,7 @@ ENV_KEYS: dict[str, str] = {
     "OTEL_RL_EXPORT_PROCESS": "export_process",
     "OTEL_RL_EXPORT_PROCESS_NICE": "export_process_nice",
     "OTEL_RL_EXPORT_PROCESS_IDLE": "export_process_idle",
+    "OTEL_RL_EXPORT_PROCESS_CPUS": "export_process_cpus",
     "OTEL_EXPORTER_PROMETHEUS_HOST": "prometheus_host",
     "OTEL_EXPORTER_PROMETHEUS_PORT": "prometheus_port",
 }
@@ -130,6 +132,22 @@ ENV_KEYS: dict[str, str] = {
 
 class ConfigError(ValueError):
     """A setting that cannot be understood; the message says which and why."""
+
+
+def parse_cpu_list(text: str, label: str = "export_process_cpus") -> set[int]:
+    """CPU numbers from a cpuset-style list: ``3``, ``0,2``, ``4-7``, ``0-1,6``."""
+    cpus: set[int] = set()
+    try:
+        for part in str(text).split(","):
+            lo, sep, hi = part.strip().partition("-")
+            a = int(lo)
+            b = int(hi) if sep else a
+            if a < 0 or b < a:
+                raise ValueError
+            cpus.update(range(a, b + 1))
+    except ValueError:
+        raise ConfigError(f"{label}: expected 'last' or CPU numbers like '3', '0,2' or '4-7', got {text!r}") from None
+    return cpus
 
 
 # ----------------------------------------------------------------------------- dotlist
@@ -374,6 +392,13 @@ def _coerce(field: str, v: Any, source: str) -> Any:
             return float(v)
         except (TypeError, ValueError):
             raise ConfigError(f"{label}: expected seconds, got {v!r}") from None
+    if field == "export_process_cpus":
+        if v is None or (isinstance(v, str) and v.strip().lower() in ("", "none", "null", "off", "all")):
+            return None
+        text = ",".join(str(x) for x in v) if isinstance(v, (list, tuple)) else str(v).strip().lower()
+        if text != "last":
+            parse_cpu_list(text, label)
+        return text
     if field == "export_interval_s":
         try:
             out_s = float(v)

@@ -880,3 +880,28 @@ def test_export_process_marks_probed_modules_that_are_not_installed():
         assert importlib.import_module(present).rgb_to_hsv(1, 0, 0)[2] == 1
     finally:
         sys.modules.pop(missing, None)
+
+
+def test_export_process_cpus_keeps_the_export_process_and_its_threads_on_those_cpus(store, monkeypatch):
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < 2:
+        pytest.skip("needs two CPUs")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
+    for spec, want in (("last", {allowed[-1]}), (str(allowed[0]), {allowed[0]}), (None, set(allowed))):
+        h = start(project=project("cpus"), experiment="e", exporters=["mlflow"], export_process="true",
+                  batch_delay_s=0.05, export_process_cpus=spec)
+        try:
+            otel_rl.log(step_values(1), step=1)
+            assert h.flush(60) is True  # the exporter's threads exist now
+            pid = h._sidecar.proc.pid
+            tids = os.listdir(f"/proc/{pid}/task")
+            assert len(tids) > 2
+            assert {t: os.sched_getaffinity(int(t)) for t in tids} == {t: want for t in tids}, spec
+        finally:
+            h.shutdown(30)
+    assert os.sched_getaffinity(0) == set(allowed)  # the trainer is left as it was
+    assert resolve(export_process_cpus="0-1,3").export_process_cpus == "0-1,3"
+    assert resolve(env={"OTEL_RL_EXPORT_PROCESS_CPUS": "off"}).export_process_cpus is None
+    for bad in ("x", "3-1", "-1", "1,,2"):
+        with pytest.raises(otel_rl.ConfigError, match="export_process_cpus"):
+            resolve(export_process_cpus=bad)

@@ -44,7 +44,8 @@ TIMING_KEYS = {f"timing_s/{k}" for k in ("gen", "reward", "old_log_prob", "ref",
 VAL_KEYS = {"val-core/arith/reward/mean@1", "val-aux/arith/acc/mean@1", "val-aux/arith/tool_call_counts/mean@1"}
 DEMO_ENV = ("MLFLOW_TRACKING_URI", "OTEL_RL_SPOOL_DIR", "OTEL_RL_JSONL_PATH", "VERL_FILE_LOGGER_PATH",
             "VERL_FILE_LOGGER_ROOT", "WANDB_MODE", "WANDB_API_KEY", "WANDB_DIR", "SWANLAB_MODE", "SWANLAB_API_KEY",
-            "SWANLAB_LOG_DIR", "OTEL_RL_EXPORTERS", "OTEL_RL_MAX_SAMPLES", "OTEL_RL_TRACE_BACKEND", "OTEL_SDK_DISABLED")
+            "SWANLAB_LOG_DIR", "OTEL_RL_EXPORTERS", "OTEL_RL_MAX_SAMPLES", "OTEL_RL_TRACE_BACKEND", "OTEL_SDK_DISABLED",
+            "OTEL_RL_EXPORT_PROCESS_CPUS")
 
 
 def mlflow_key(key: str) -> str:
@@ -227,19 +228,24 @@ def test_prepare_config_and_environment(monkeypatch, tmp_path):
     assert cfg["actor_rollout_ref"]["rollout"]["n"] == 2
     assert cfg["otel_rl"] == {"otlp_endpoint": "http://127.0.0.1:4318", "prometheus_port": 0,
                               "jsonl_path": str(tmp_path / "otel_rl_demo" / "grpo_arith_seed7.jsonl"),
-                              "spool_dir": str(tmp_path / "spool")}
+                              "spool_dir": str(tmp_path / "spool"),
+                              "export_process_cpus": "last"}  # one torch thread: the export process beside it
     assert env == {"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlruns.db",  # trace.backend=mlflow
                    "OTEL_RL_MLFLOW_ARTIFACT_LOCATION": str(tmp_path / "mlartifacts"),
                    "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path),
                    "SWANLAB_MODE": "offline", "SWANLAB_LOG_DIR": str(tmp_path / "swanlog")}
     resolved = otel_rl.config.resolve(cfg)
     assert resolved.max_samples == 4 and resolved.trace_backend == "mlflow" and resolved.token2text
+    assert resolved.export_process_cpus == "last"
+    more_threads = parser.parse_args(["--output-dir", str(tmp_path), "trainer.torch_threads=2"])
+    assert "export_process_cpus" not in demo_cli.prepare(more_threads)[0].get("otel_rl", {})
     # what the user set wins
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:////elsewhere.db")
     monkeypatch.setenv("WANDB_API_KEY", "k")
     monkeypatch.setenv("SWANLAB_MODE", "local")
     monkeypatch.setenv("VERL_FILE_LOGGER_PATH", "/x.jsonl")
     monkeypatch.setenv("OTEL_RL_SPOOL_DIR", "/spool")
+    monkeypatch.setenv("OTEL_RL_EXPORT_PROCESS_CPUS", "off")
     cfg, env, _ = demo_cli.prepare(parser.parse_args(["--output-dir", str(tmp_path), "--wandb", "--swanlab"]))
     assert env == {"WANDB_DIR": str(tmp_path), "SWANLAB_LOG_DIR": str(tmp_path / "swanlog")}
     assert "otel_rl" not in cfg
