@@ -538,7 +538,8 @@ class DeliveryQueue:
     def _gather_left(self) -> float:
         """Seconds the delivery thread waits for more batches before the memory queue's oldest goes
         out (0: now).  Under _cond, with batches in memory."""
-        if self._gather_s <= 0 or self._stop or self._flushing or self._mem_items >= _GATHER_MAX_ITEMS:
+        if (self._gather_s <= 0 or self._stop or self._flushing or self._mem_items >= _GATHER_MAX_ITEMS
+                or self._mem[0].alone):
             return 0.0
         return self._mem[0].t + self._gather_s - time.monotonic()
 
