@@ -134,6 +134,9 @@ class ConfigError(ValueError):
     """A setting that cannot be understood; the message says which and why."""
 
 
+_MAX_CPU = 65535  # beyond any CPU number Linux gives (a typo like 0-99999999 is an error, not a huge set)
+
+
 def parse_cpu_list(text: str, label: str = "export_process_cpus") -> set[int]:
     """CPU numbers from a cpuset-style list: ``3``, ``0,2``, ``4-7``, ``0-1,6``."""
     cpus: set[int] = set()
@@ -142,7 +145,7 @@ def parse_cpu_list(text: str, label: str = "export_process_cpus") -> set[int]:
             lo, sep, hi = part.strip().partition("-")
             a = int(lo)
             b = int(hi) if sep else a
-            if a < 0 or b < a:
+            if a < 0 or b < a or b > _MAX_CPU:
                 raise ValueError
             cpus.update(range(a, b + 1))
     except ValueError:

@@ -902,6 +902,6 @@ def test_export_process_cpus_keeps_the_export_process_and_its_threads_on_those_c
     assert os.sched_getaffinity(0) == set(allowed)  # the trainer is left as it was
     assert resolve(export_process_cpus="0-1,3").export_process_cpus == "0-1,3"
     assert resolve(env={"OTEL_RL_EXPORT_PROCESS_CPUS": "off"}).export_process_cpus is None
-    for bad in ("x", "3-1", "-1", "1,,2"):
+    for bad in ("x", "3-1", "-1", "1,,2", "0-99999999"):
         with pytest.raises(otel_rl.ConfigError, match="export_process_cpus"):
             resolve(export_process_cpus=bad)

@@ -387,3 +387,37 @@ def test_quick_sanitize_stores_what_mlflow_sanitize_stores():
     assert quick is not translate_span_when_storing and quick.__code__ is translate_span_when_storing.__code__
     assert quick.__globals__["sanitize_attributes"] is _bulk.quick_sanitize
     assert translate_span_when_storing.__globals__["sanitize_attributes"] is sanitize_attributes
+
+
+def test_a_retried_delivery_resumes_where_it_failed(tmp_path):
+    # the first delivery is cut in MLflow-sized chunks (the writer is still probing); the second chunk
+    # fails; by the retry the writer is on, and the retry must still resume with the same chunks
+    trajs, ident = captured(steps=60)
+    path = tmp_path / "retry.db"
+    cfg = resolve(project=ident.project, experiment=ident.experiment, run_id=ident.run_id, trace_backend="mlflow")
+    exp = MlflowExporter(cfg, tracking_uri=f"sqlite:///{path}")
+    exp.export_records([RunStart(ident, {"a": 1}, 0, time.time_ns())])
+    real = exp._log_traces
+    calls = []
+
+    def flaky(*args):
+        calls.append(len(args[-1]))
+        if len(calls) == 2:
+            raise ConnectionError("store away")
+        return real(*args)
+
+    exp._log_traces = flaky
+    with pytest.raises(ConnectionError):
+        exp.export_records(trajs)
+    assert exp._bulk.state == "on" and calls == [100, 100]
+    exp.export_records(trajs)  # the queue's retry: the same batch
+    assert calls[2:] == [100, 40]
+    run = next(iter(exp.runs.values()))
+    exp.shutdown()
+    mlflow.set_tracking_uri(f"sqlite:///{path}")
+    try:
+        linked = mlflow.search_traces(locations=[run.experiment_id], run_id=run.run_id, return_type="list",
+                                      max_results=1000)
+    finally:
+        mlflow.set_tracking_uri(None)
+    assert sorted(t.info.trace_id for t in linked) == sorted(ids_of(trajs))

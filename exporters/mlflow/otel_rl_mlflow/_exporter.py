@@ -80,6 +80,8 @@ MAX_BYTES_PER_CALL = 8 << 20
 MAX_TRACES_PER_TXN = 2000
 MAX_SPANS_PER_TXN = 20000
 MAX_BYTES_PER_TXN = 64 << 20
+CALL_LIMITS = (MAX_TRACES_PER_CALL, MAX_SPANS_PER_CALL, MAX_BYTES_PER_CALL)
+TXN_LIMITS = (MAX_TRACES_PER_TXN, MAX_SPANS_PER_TXN, MAX_BYTES_PER_TXN)
 INF_STEPS_KEPT = 1000  # per key, for the tag
 CLOSE_TIMEOUT_S = 10.0
 # MLflow error codes that mean "this request is wrong" (retrying cannot help)
@@ -243,6 +245,7 @@ class MlflowExporter(TrackerExporter):
         self._metric_keys = KeyMapper("metric")
         self._param_keys = KeyMapper("param")
         self._progress: dict[tuple, int] = {}  # chunks of a failed write already delivered
+        self._chunking: dict[tuple, tuple[int, int, int]] = {}  # the chunk limits of that failed write
         self._warned: set[str] = set()
         self._log_spans_supported = True
         self._bulk: Any = None  # _bulk.BulkTraceWriter, False (not applicable), None (not looked at)
@@ -270,6 +273,7 @@ class MlflowExporter(TrackerExporter):
     def export_records(self, records: Sequence[Any]) -> None:
         if records is not getattr(self, "_inflight", None):
             self._progress.clear()  # a new batch: partial progress of a dropped one is void
+            self._chunking.clear()
         super().export_records(records)
 
     # -- runs -----------------------------------------------------------------------------
@@ -560,20 +564,24 @@ class MlflowExporter(TrackerExporter):
         client, tracing = self._clients()
         if self._spans is None:
             self._spans = _traces.SpanBuilder()
-        bulk = self._bulk_writer(tracing) if self._log_spans_supported else None
-        if bulk is not None and bulk.state == "on":
-            calls = _traces.chunks(trajectories, MAX_TRACES_PER_TXN, MAX_SPANS_PER_TXN, MAX_BYTES_PER_TXN)
-        else:
-            calls = _traces.chunks(trajectories, MAX_TRACES_PER_CALL, MAX_SPANS_PER_CALL, MAX_BYTES_PER_CALL)
         key = self._progress_key("traces", trajectories)
         done = self._progress.get(key, 0)
+        # a retry cuts the batch as the failed attempt did (its `done` counts those chunks), even if the
+        # direct writer has been turned on since
+        limits = self._chunking.get(key)
+        if limits is None:
+            bulk = self._bulk_writer(tracing) if self._log_spans_supported else None
+            limits = (TXN_LIMITS if bulk is not None and bulk.state == "on" else CALL_LIMITS)
+        calls = _traces.chunks(trajectories, *limits)
         for j in range(done, len(calls)):
             try:
                 self._log_traces(client, tracing, handle, calls[j])
             except Exception:
                 self._progress[key] = j
+                self._chunking[key] = limits
                 raise
         self._progress.pop(key, None)
+        self._chunking.pop(key, None)
 
     def _log_traces(self, client: Any, tracing: Any, handle: _Run, trajs: list[Trajectory]) -> None:
         builder = self._spans
