@@ -14,6 +14,7 @@ import logging
 import sqlite3
 import threading
 import time
+from typing import Any
 
 import pytest
 
@@ -136,6 +137,18 @@ def trace_rows(path: str, ids: list[str], rename: dict | None = None) -> dict[st
             out[table] = sorted((tuple(rename.get(v, v) for v in r) for r in rows), key=repr)
     con.close()
     return out
+
+
+def linked_ids(path: Any, run: Any) -> list[str]:
+    """The ids of the traces linked to `run` (the exporter's run handle) in the sqlite store at `path`,
+    as MLflow's search_traces(run_id=...) finds them."""
+    mlflow.set_tracking_uri(f"sqlite:///{path}")
+    try:
+        found = mlflow.search_traces(locations=[run.experiment_id], run_id=run.run_id, return_type="list",
+                                     max_results=1000)
+    finally:
+        mlflow.set_tracking_uri(None)
+    return [t.info.trace_id for t in found]
 
 
 def ids_of(trajs: list[Trajectory]) -> list[str]:
@@ -347,13 +360,8 @@ def test_large_deliveries_one_transaction_and_mlflow_calls_within_its_limits(tmp
         assert writer.state == "on" and writer.fast_traces + writer.mlflow_traces == len(trajs)
         run = next(iter(exp.runs.values()))
         exp.shutdown()
-        mlflow.set_tracking_uri(f"sqlite:///{path}")
-        try:
-            linked = mlflow.search_traces(locations=[run.experiment_id], run_id=run.run_id, return_type="list",
-                                          max_results=1000)
-        finally:
-            mlflow.set_tracking_uri(None)
-        assert len({t.info.trace_id for t in linked}) == len(trajs) == 240
+        linked = linked_ids(path, run)
+        assert len(set(linked)) == len(linked) == len(trajs) == 240
         stores[name] = trace_rows(str(path), ids_of(trajs), {run.run_id: "<run>"})
     assert stores["verified-first"]["spans"] and stores["one-delivery"] == stores["verified-first"]
 
@@ -414,10 +422,4 @@ def test_a_retried_delivery_resumes_where_it_failed(tmp_path):
     assert calls[2:] == [100, 40]
     run = next(iter(exp.runs.values()))
     exp.shutdown()
-    mlflow.set_tracking_uri(f"sqlite:///{path}")
-    try:
-        linked = mlflow.search_traces(locations=[run.experiment_id], run_id=run.run_id, return_type="list",
-                                      max_results=1000)
-    finally:
-        mlflow.set_tracking_uri(None)
-    assert sorted(t.info.trace_id for t in linked) == sorted(ids_of(trajs))
+    assert sorted(linked_ids(path, run)) == sorted(ids_of(trajs))
