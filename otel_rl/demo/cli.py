@@ -96,8 +96,7 @@ def prepare(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, str], s
             and not environ.get("OTEL_RL_SPOOL_DIR") and "spool_dir" in _config_fields()):
         ours["spool_dir"] = os.path.join(out, "spool")  # where undelivered tracker data would wait
     if (used & {"mlflow", "wandb", "tracking", "swanlab"} and "export_process_cpus" not in ours
-            and not environ.get("OTEL_RL_EXPORT_PROCESS_CPUS") and "export_process_cpus" in _config_fields()
-            and int(trainer.get("torch_threads") or 0) == 1):
+            and not environ.get("OTEL_RL_EXPORT_PROCESS_CPUS") and int(trainer.get("torch_threads") or 0) == 1):
         # one training thread: the export process keeps to another CPU (docs/demo.md, "What telemetry costs")
         ours["export_process_cpus"] = "last"
     if "mlflow" in used and not environ.get("MLFLOW_TRACKING_URI"):

@@ -184,13 +184,15 @@ class BulkTraceWriter(SqliteWriter):
         step = max(1, max_per_call)
         for i in range(0, len(probe), step):
             part = probe[i:i + step]
-            mlflow_write([s for _, spans, _ in part for s in spans], [tid for tid, _, _ in part])
-            self.mlflow_traces += len(part)
+            self._by_mlflow([(tid, spans) for tid, spans, _ in part], mlflow_write)
             self._verify(experiment_id, run_id, part)
         for i in range(0, len(slow), step):
-            part2 = slow[i:i + step]
-            mlflow_write([s for _, spans in part2 for s in spans], [tid for tid, _ in part2])
-            self.mlflow_traces += len(part2)
+            self._by_mlflow(slow[i:i + step], mlflow_write)
+
+    def _by_mlflow(self, traces: Sequence[tuple[str, list[Any]]],
+                   mlflow_write: Callable[[list[Any], list[str]], None]) -> None:
+        mlflow_write([s for _, spans in traces for s in spans], [tid for tid, _ in traces])
+        self.mlflow_traces += len(traces)
 
     # -- rows --------------------------------------------------------------------------------
     def _artifact_location(self, experiment_id: str) -> str:
