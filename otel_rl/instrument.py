@@ -91,8 +91,7 @@ class step:
     def __enter__(self) -> _StepState:
         st = self._st = _StepState(self._n)
         if RT.tracing:
-            st.span = RT.tracer.start_span(sc.SPAN_STEP, context=_EMPTY_CONTEXT,
-                                           attributes={sc.RL_STEP: st.n, sc.RL_SPAN_KIND: sc.KIND_STEP})
+            st.span = RT.light.start(sc.SPAN_STEP, None, {sc.RL_STEP: st.n, sc.RL_SPAN_KIND: sc.KIND_STEP})
             st.span_context = st.span.get_span_context()
             st.ctx_token = otel_context.attach(trace_api.set_span_in_context(st.span))
         st.var_token = STEP.set(st)
@@ -134,8 +133,9 @@ class timer:
     def __enter__(self) -> timer:
         self._span = None
         if RT.tracing:
-            self._span = RT.tracer.start_span(self.name, attributes={sc.RL_TIMER_NAME: self.name,
-                                                                     sc.RL_SPAN_KIND: sc.KIND_TIMER})
+            parent = trace_api.get_current_span().get_span_context()
+            self._span = RT.light.start(self.name, parent if parent.is_valid else None,
+                                        {sc.RL_TIMER_NAME: self.name, sc.RL_SPAN_KIND: sc.KIND_TIMER})
             self._token = otel_context.attach(trace_api.set_span_in_context(self._span))
         self._t0 = _perf()
         return self

@@ -1,0 +1,141 @@
+"""What otel-rl's calls cost the training thread itself, measured inside one demo run.
+
+    .venv/bin/python benchmarks/bench_foreground.py                # 100 steps, telemetry fully on
+    .venv/bin/python benchmarks/bench_foreground.py --check        # both halves off: the method's reading
+    .venv/bin/python benchmarks/bench_foreground.py --steps 200 'actor_rollout_ref.rollout.trace.max_samples_per_step_per_worker=0'
+
+One ``otel-rl demo`` process with the configuration of ``bench_demo.py``'s "on" variant (console,
+MLflow, JSONL, wandb, SwanLab; trajectories traced to MLflow at 4 samples/step/worker).  Every
+training step's rollout (``gen``: the instrumented agent loops, where nearly all of otel-rl's
+calls are) runs twice on the same problems from the same random state: once as configured,
+once with otel-rl switched off for it (tracing off, no handle: every decorator and context
+manager takes its disabled path, as in a run without telemetry); which one first alternates
+from step to step.  Both produce the same trajectories (checked); training goes on with the
+traced one.
+
+The two halves share everything else: the machine at that moment, the process's memory, and
+otel-rl's background work (the pipeline thread, the export process, the tracker libraries),
+which keeps running through both.  What differs is only the instrumentation on the training
+thread: trajectory and op spans, the JSON of inputs and outputs, token2text's bookkeeping, the
+unsampled trajectories' context.  The difference (CPU time of the training thread) is that part
+of the cost, free of run-to-run noise; it is also given as a share of the mean training step
+(CPU time of the training thread per step without the second rollout).  The rest of the cost
+of telemetry (background threads contending for the GIL, the export process's memory traffic,
+the step and timer spans, ``log()``) is what ``bench_demo.py --lockstep`` adds on top.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from bench_demo import CLEAN_ENV, ON  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("overrides", nargs="*", help="more dotlist overrides (after the 'on' configuration)")
+    ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--check", action="store_true", help="both halves with telemetry off: the method's own reading")
+    ap.add_argument("--json", default=None, help="also write the per-step figures here")
+    args = ap.parse_args()
+    for k in CLEAN_ENV:
+        os.environ.pop(k, None)
+    os.environ.update(WANDB_MODE="offline", SWANLAB_MODE="offline", WANDB_SILENT="true")
+
+    from otel_rl._runtime import RT
+    from otel_rl.demo import trainer as trainer_mod
+
+    base = trainer_mod.GRPOTrainer
+    gen: dict[int, tuple[float, float]] = {}  # step -> CPU s of the rollout (configured, off)
+    steps: dict[int, float] = {}  # step -> CPU s of the training thread for the step, second rollout excluded
+    mismatched: list[int] = []
+
+    class Paired(base):  # type: ignore[misc, valid-type]
+        def __init__(self, cfg, on_step=None):
+            mark = [0.0]
+
+            def paced(step, metrics):
+                if on_step is not None:
+                    on_step(step, metrics)
+                now = time.thread_time()
+                if step > 0:
+                    steps[step] = now - mark[0] - self.extra
+                self.extra = 0.0
+                mark[0] = time.thread_time()
+
+            self.extra = 0.0
+            super().__init__(cfg, on_step=paced)
+
+        def generate_sequences(self, problems, n, sampling_params, step, validate):
+            if validate:
+                return super().generate_sequences(problems, n, sampling_params, step, validate)
+            state = self.server.generator.get_state()
+            handle, tracing = RT.handle, RT.tracing
+            halves = ("on", "off") if step % 2 else ("off", "on")
+            outs, cpu = {}, {}
+            for half in halves:
+                self.server.generator.set_state(state)
+                if half == "off" or args.check:
+                    RT.handle, RT.tracing = None, False  # what the decorators and context managers read
+                try:
+                    t0 = time.thread_time()
+                    outs[half] = super().generate_sequences(problems, n, sampling_params, step, validate)
+                    cpu[half] = time.thread_time() - t0
+                finally:
+                    RT.handle, RT.tracing = handle, tracing
+            if [(o.response_ids, o.reward_score) for o in outs["on"]] != \
+                    [(o.response_ids, o.reward_score) for o in outs["off"]]:
+                mismatched.append(step)
+            gen[step] = (cpu["on"], cpu["off"])
+            self.trajectories -= len(outs["off"])
+            self.extra += cpu["off"]  # the second rollout is not part of the training step
+            return outs["on"]
+
+    trainer_mod.GRPOTrainer = Paired
+    from otel_rl.cli import main as cli_main
+
+    with tempfile.TemporaryDirectory(prefix="bench_foreground_") as tmp:
+        argv = ["demo", "--no-progress", "--seed", str(args.seed), "--steps", str(args.steps),
+                "--output-dir", str(Path(tmp) / "demo"), *ON, *args.overrides]
+        with open(os.devnull, "w") as devnull:
+            stdout, sys.stdout = sys.stdout, devnull
+            try:
+                rc = cli_main(argv)
+            finally:
+                sys.stdout = stdout
+    if rc != 0:
+        sys.exit(f"the demo failed ({rc})")
+    if mismatched:
+        sys.exit(f"the two rollouts of steps {mismatched[:5]} differ: the comparison is void")
+    on = sum(a for a, _ in gen.values()) / len(gen)
+    off = sum(b for _, b in gen.values()) / len(gen)
+    step_cpu = sum(steps.values()) / len(steps)
+    ratios = [a / b for a, b in gen.values()]
+    q = statistics.quantiles(ratios, n=4)
+    label = "check: both halves off" if args.check else "telemetry fully on vs off"
+    print(f"foreground cost: {len(gen)} training steps, each rollout run twice in one demo process ({label}); "
+          f"same trajectories: yes")
+    print(f"{'per step, mean (CPU time of the training thread)':<52}{'on':>10}{'off':>10}{'ratio':>9}")
+    print(f"{'  gen (the rollout), ms':<52}{on * 1e3:>10.2f}{off * 1e3:>10.2f}{on / off:>9.4f}")
+    print(f"{'  gen, per-step ratio: median (quartiles)':<52}{'':>20}{statistics.median(ratios):>9.4f}"
+          f"  ({q[0]:.3f} / {q[2]:.3f})")
+    print(f"{'  the training step (one rollout), ms':<52}{step_cpu * 1e3:>10.2f}")
+    print(f"the instrumentation in gen on the training thread: {(on - off) * 1e3:+.2f} ms per step, "
+          f"{(on - off) / step_cpu * 100:+.2f}% of a training step")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"gen": gen, "steps": steps, "gen_ratio": on / off,
+                                               "step_share": (on - off) / step_cpu}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
