@@ -78,7 +78,7 @@ class Handle:
         own = make_span_processor(self._pipeline)
         self.tracer_provider.add_span_processor(own)
         self.tracer = self.tracer_provider.get_tracer("otel_rl", __version__)
-        # trajectory and op spans: light spans ending into the provider's span processors, or
+        # step, timer, trajectory and op spans: light spans ending into the provider's span processors, or
         # straight into the pipeline while nobody added a processor of their own
         processors = getattr(self.tracer_provider, "_active_span_processor", None)
         only_own = (own,)

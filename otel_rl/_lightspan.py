@@ -1,7 +1,8 @@
-"""Light recording spans for trajectories and ops.
+"""Light recording spans for steps, timers, trajectories and ops.
 
 A sampled trajectory makes a root span and one span per op; with many rollouts traced
-per step that is hundreds of spans per step on the training thread.  The SDK's `Span`
+per step that is hundreds of spans per step on the training thread (and a step and its
+timers a few more).  The SDK's `Span`
 pays for what otel-rl does not use there (its sampler — every span under a sampled
 trajectory is kept —, locks, bounded attribute containers and a copy into a
 `ReadableSpan` at the end).  `LightSpan` implements the `opentelemetry.trace.Span` API

@@ -21,7 +21,7 @@ class Runtime:
     def reset(self) -> None:
         self.handle: Any = None
         self.tracer: Any = None
-        self.light: Any = None  # otel_rl._lightspan.LightTracer: trajectory and op spans
+        self.light: Any = None  # otel_rl._lightspan.LightTracer: step, timer, trajectory and op spans
         self.tracing = False
         self.pipeline: Any = None
         self.sampler: Any = None
