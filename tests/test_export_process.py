@@ -910,3 +910,35 @@ def test_export_process_cpus_keeps_the_export_process_and_its_threads_on_those_c
     for bad in ("x", "3-1", "-1", "1,,2", "0-99999999"):
         with pytest.raises(otel_rl.ConfigError, match="export_process_cpus"):
             resolve(export_process_cpus=bad)
+
+
+def test_export_process_cpus_none_of_which_is_available_leave_it_where_it_was_with_a_warning(store, monkeypatch,
+                                                                                             capfd):
+    allowed = set(os.sched_getaffinity(0))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
+    first = min(allowed)
+    # CPU 65000 exists on no machine here: alone it is ignored (a warning, the process unpinned);
+    # with an available one, that one is used
+    for spec, want, warned in (("65000", allowed, True), (f"{first},65000", {first}, False)):
+        name = project("cpus-missing")
+        h = start(project=name, experiment="e", exporters=["mlflow"], export_process="true", batch_delay_s=0.05,
+                  export_process_cpus=spec)
+        try:
+            for n in (1, 2):
+                otel_rl.log(step_values(n), step=n)
+            assert h.flush(60) is True
+            pid = h._sidecar.proc.pid
+            seen = {}
+            for t in os.listdir(f"/proc/{pid}/task"):
+                try:
+                    seen[t] = os.sched_getaffinity(int(t))
+                except ProcessLookupError:  # a short-lived thread ended meanwhile
+                    pass
+            assert seen and all(v == want for v in seen.values()), (spec, seen)
+        finally:
+            h.shutdown(30)
+        err = capfd.readouterr().err
+        assert ("export_process_cpus=65000: none of these CPUs is available" in err) is warned, err[-2000:]
+        client = MlflowClient(store)
+        _, run = get_run(client, name)  # the data arrived either way
+        assert sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "n")) == [(1, 1.0), (2, 2.0)]
