@@ -882,6 +882,17 @@ def test_export_process_marks_probed_modules_that_are_not_installed():
         sys.modules.pop(missing, None)
 
 
+def thread_affinities(pid: int) -> dict[str, set[int]]:
+    """Thread id -> CPUs it may run on, for every thread of process `pid` that is still there when read."""
+    seen = {}
+    for t in os.listdir(f"/proc/{pid}/task"):
+        try:
+            seen[t] = os.sched_getaffinity(int(t))
+        except ProcessLookupError:  # a short-lived thread (the one answering a flush) ended meanwhile
+            pass
+    return seen
+
+
 def test_export_process_cpus_keeps_the_export_process_and_its_threads_on_those_cpus(store, monkeypatch):
     allowed = sorted(os.sched_getaffinity(0))
     if len(allowed) < 2:
@@ -894,12 +905,7 @@ def test_export_process_cpus_keeps_the_export_process_and_its_threads_on_those_c
             otel_rl.log(step_values(1), step=1)
             assert h.flush(60) is True  # the exporter's threads exist now
             pid = h._sidecar.proc.pid
-            seen = {}
-            for t in os.listdir(f"/proc/{pid}/task"):
-                try:
-                    seen[t] = os.sched_getaffinity(int(t))
-                except ProcessLookupError:  # a short-lived thread (the one answering a flush) ended meanwhile
-                    pass
+            seen = thread_affinities(pid)
             assert len(seen) > 2
             assert seen == {t: want for t in seen}, spec
         finally:
@@ -928,12 +934,7 @@ def test_export_process_cpus_none_of_which_is_available_leave_it_where_it_was_wi
                 otel_rl.log(step_values(n), step=n)
             assert h.flush(60) is True
             pid = h._sidecar.proc.pid
-            seen = {}
-            for t in os.listdir(f"/proc/{pid}/task"):
-                try:
-                    seen[t] = os.sched_getaffinity(int(t))
-                except ProcessLookupError:  # a short-lived thread ended meanwhile
-                    pass
+            seen = thread_affinities(pid)
             assert seen and all(v == want for v in seen.values()), (spec, seen)
         finally:
             h.shutdown(30)
