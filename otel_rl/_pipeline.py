@@ -127,12 +127,13 @@ POISON_MAX_ATTEMPTS = 3
 class _Entry:
     """One batch: in memory, and on disk too once it has a spool frame."""
 
-    __slots__ = ("spans", "records", "n", "frame", "spans_done", "unspoolable", "t", "parts", "alone")
+    __slots__ = ("spans", "records", "n", "frame", "spans_done", "unspoolable", "t", "parts", "alone", "seq")
 
-    def __init__(self, spans: list, records: list, n: int, frame: Any = None):
+    def __init__(self, spans: list, records: list, n: int, frame: Any = None, seq: int = 0):
         self.spans = spans
         self.records = records
         self.n = n
+        self.seq = seq  # the export process's batch number it came in (0: none); see oldest_unsafe_seq
         self.frame = frame  # otel_rl.spool.store.Frame once written to the spool
         self.spans_done = False  # a retry after a records failure does not resend the spans
         self.unspoolable = False  # could not be written (codec error / cap): delivered from memory only
@@ -145,7 +146,7 @@ class _Entry:
         """One delivery made of several memory batches, in order (their spans, then their records)."""
         spans = [s for p in parts for s in p.spans]
         records = [r for p in parts for r in p.records]
-        e = _Entry(spans, records, sum(p.n for p in parts))
+        e = _Entry(spans, records, sum(p.n for p in parts), seq=parts[0].seq)
         e.t = parts[0].t
         e.parts = parts
         return e
@@ -212,13 +213,14 @@ class DeliveryQueue:
         return self._mem
 
     # -- caller side (pipeline worker, bridge) -------------------------------------------
-    def put(self, spans: list, records: list) -> bool:
+    def put(self, spans: list, records: list, seq: int = 0) -> bool:
         """Queue one batch.  Never waits for the exporter.  Returns False only when a write-through
-        queue could not write the batch to its spool (it is then kept in memory)."""
+        queue could not write the batch to its spool (it is then kept in memory).  `seq`: the number
+        of the export process's batch it came in (`oldest_unsafe_seq`)."""
         n = len(spans) + len(records)
         if not n:
             return True
-        entry = _Entry(spans, records, n)
+        entry = _Entry(spans, records, n, seq=seq)
         with self._cond:
             self._mem.append(entry)
             self._mem_items += n
@@ -234,6 +236,21 @@ class DeliveryQueue:
             with self._cond:
                 self._cond.notify()
         return ok or not self._write_through
+
+    def oldest_unsafe_seq(self) -> int | None:
+        """The `seq` of the oldest batch held only in memory (not delivered, not in the spool), or None
+        when there is none: what the export process tells the training process it may forget (batches
+        put with seq 0 count as older than any)."""
+        with self._cond:
+            if self._spilling:
+                return 0  # batches on their way to the spool are in neither place for a moment
+            cur = self._current
+            if cur is not None and cur.frame is None:
+                return cur.seq  # delivered in order: what is queued behind it is newer
+            for e in self._mem:  # memory-only batches, oldest first (a split batch's parts at the front)
+                if e.frame is None:
+                    return e.seq
+            return None
 
     def _drop_overflow(self) -> None:
         """Memory over its bound and no usable spool: drop the oldest batches (counted).  Under _cond."""
@@ -1100,7 +1117,7 @@ class Receiver:
             decode_packed(wire, self.tokenizers, self.max_chars)  # the token2text jobs shipped with them
         with self._lock:
             trajs = self._builder.build(unpack(wire, resource_attrs or {}, seq)) if wire else []
-        self.deliver(list(records) + trajs, names)
+        self.deliver(list(records) + trajs, names, seq)
 
     def flush_partial(self) -> None:
         """Trajectories whose root never came: what there is, to every queue that takes trajectories."""
@@ -1114,7 +1131,7 @@ class Receiver:
             held = [g[0].seq for g in self._builder.pending() if g]
         return min(held) if held else None
 
-    def deliver(self, records: list, names: Sequence[str]) -> None:
+    def deliver(self, records: list, names: Sequence[str], seq: int = 0) -> None:
         for n in names:
             q = self.queues.get(n)
             if q is None:
@@ -1123,7 +1140,7 @@ class Receiver:
                 continue
             recs = records_for(q.exporter, records)
             if recs:
-                q.put([], recs)
+                q.put([], recs, seq)
 
 
 def records_for(exporter: Any, records: Sequence[Record]) -> list[Record]:

@@ -476,13 +476,20 @@ class _Server:
         return out
 
     def settled(self) -> int:
-        """The highest batch seq up to which everything received is delivered or spooled: spans held for
-        a trajectory whose root has not come yet are neither, and hold back the batch they came in."""
+        """The highest batch seq up to which everything received is delivered or spooled: each queue's
+        oldest batch held only in memory holds back the ones from its own on (the training process keeps
+        their copies to send again should this process die); so do spans held for a trajectory whose
+        root has not come yet.  A queue that always has something in memory (one that gathers batches)
+        thus still lets the training process forget what it has delivered."""
         seq = self.received
-        if not all(q.stats.in_memory == 0 for q in self.queues.values()):
-            return 0
+        for q in list(self.queues.values()):
+            oldest = q.oldest_unsafe_seq()
+            if oldest is not None:
+                seq = min(seq, oldest - 1)
         held = self.receiver.held_since()
-        return min(seq, held - 1) if held is not None else seq
+        if held is not None:
+            seq = min(seq, held - 1)
+        return max(seq, 0)
 
     def start(self, config: Any, exporters: list, queue_size: int) -> None:
         from .exporters import registry

@@ -861,6 +861,113 @@ def test_export_process_gc_waits_for_the_runs_then_freezes_them():
         server.w.close()
 
 
+class _GatedExporter:
+    """Delivers one batch per permit (`allow`); remembers what it got."""
+
+    wants_records = True
+    wants_spans = False
+    wants_trajectories = False
+
+    def __init__(self, name: str, permits: int = 10**6) -> None:
+        self.name = name
+        self.got: list = []
+        self._permits = threading.Semaphore(permits)
+
+    def allow(self, n: int) -> None:
+        for _ in range(n):
+            self._permits.release()
+
+    def export_records(self, records: Any) -> None:
+        self._permits.acquire()
+        self.got.extend(records)
+
+    def export_spans(self, spans: Any) -> None:
+        pass
+
+
+def _wait_for(cond, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_export_process_settles_each_batch_once_every_queue_has_delivered_it():
+    """What the export process tells the training process it may forget (`_Server.settled`): the batches
+    below each queue's oldest one held only in memory.  A queue that is behind holds back the batches it
+    has not delivered, a queue that is ahead does not hold back the others'; a batch on its way to the
+    spool, or spans held for a trajectory still open, hold back theirs."""
+    from otel_rl import _sidecar
+    from otel_rl._pipeline import DeliveryQueue
+
+    r, w = os.pipe()
+    server = _sidecar._Server(os.fdopen(r, "rb"), os.fdopen(w, "wb"))
+    fast, slow = _GatedExporter("fast"), _GatedExporter("slow", permits=0)
+    server.queues["fast"] = DeliveryQueue(fast, 1000)
+    server.queues["slow"] = DeliveryQueue(slow, 1000)
+    try:
+        assert server.settled() == 0
+        for seq in range(1, 5):
+            server.put(seq, [f"r{seq}"], ("fast", "slow"))
+        assert server.queues["fast"].wait_idle(5.0) and fast.got == ["r1", "r2", "r3", "r4"]
+        assert server.settled() == 0  # "slow" has not delivered batch 1
+        slow.allow(2)
+        assert _wait_for(lambda: len(slow.got) == 2)
+        assert _wait_for(lambda: server.settled() == 2)  # 1 and 2 delivered by both; 3 in flight in "slow"
+        server.put(5, ["r5"], ("fast",))  # only for "fast": delivered at once, but behind 3 and 4
+        assert server.queues["fast"].wait_idle(5.0)
+        assert server.settled() == 2
+        slow.allow(2)
+        assert server.queues["slow"].wait_idle(5.0) and slow.got == ["r1", "r2", "r3", "r4"]
+        assert server.settled() == 5
+        server.queues["slow"]._spilling = 1  # a spill in progress: its batches are in neither place
+        server.put(6, ["r6"], ("fast",))
+        assert server.queues["fast"].wait_idle(5.0)
+        assert server.settled() == 0
+        server.queues["slow"]._spilling = 0
+        assert server.settled() == 6
+    finally:
+        slow.allow(100)
+        for q in server.queues.values():
+            q.stop(2.0)
+        server.r.close()
+        server.w.close()
+
+
+def test_training_process_forgets_what_a_gathering_exporter_has_delivered(store, monkeypatch):
+    """The MLflow exporter gathers batches (export_interval_s), so under a steady stream its queue in the
+    export process is never empty.  The training process's copies of the batches sent (kept to send again
+    should the export process die) must still go once delivered, not pile up until its cap."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
+    name = project("settle")
+    h = start(project=name, experiment="e", exporters=["mlflow"], batch_delay_s=0.02, export_process="true",
+              export_interval_s=1.0)
+    client = h._sidecar
+    try:
+        sent = 0
+        settled_seen = set()
+        t0 = time.monotonic()
+        while time.monotonic() < t0 + 6.0:  # a batch every ~30 ms: the queue gathers for 1 s, never empty
+            sent += 1
+            otel_rl.log(step_values(sent), step=sent)
+            settled_seen.add(client._settled)
+            time.sleep(0.03)
+        seq = client._seq
+        assert seq >= 60, seq
+        # the confirmations followed the stream (about twice a second), each one lagging by what the
+        # exporter gathers (up to 1 s) and the time to the next confirmation (0.5 s)
+        assert len(settled_seen) >= 5, sorted(settled_seen)
+        lag = seq - client._settled
+        assert lag < seq // 2, (client._settled, seq)
+        assert len(client._unsettled) <= lag + 1, (len(client._unsettled), lag)
+        assert h.flush(60)
+    finally:
+        h.shutdown()
+    assert_steps(store, name, range(1, sent + 1))
+
+
 def test_export_process_marks_probed_modules_that_are_not_installed():
     """`_mark_absent`: a module that is not installed fails every later import at once (MLflow tries
     ``import litellm`` for each LLM span it stores); an installed one is left alone."""
