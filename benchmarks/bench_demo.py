@@ -53,15 +53,15 @@ PARTS = {
 }
 #: --lockstep A,B also takes these: all the metrics of "on" without traces, its traces without metrics, and
 #: those traces at 1 and at 0 samples/step/worker (tracing on, every trajectory unsampled)
+def _traces(samples: int) -> list[str]:
+    return ["trainer.logger=[]", "actor_rollout_ref.rollout.trace.backend=mlflow",
+            f"actor_rollout_ref.rollout.trace.max_samples_per_step_per_worker={samples}"]
+
+
 LOCKSTEP_PARTS = {
     "metrics": ['trainer.logger=["console","mlflow","file","wandb","swanlab"]',
                 "actor_rollout_ref.rollout.trace.backend=null"],
-    "traces": ["trainer.logger=[]", "actor_rollout_ref.rollout.trace.backend=mlflow",
-               "actor_rollout_ref.rollout.trace.max_samples_per_step_per_worker=4"],
-    "traces1": ["trainer.logger=[]", "actor_rollout_ref.rollout.trace.backend=mlflow",
-               "actor_rollout_ref.rollout.trace.max_samples_per_step_per_worker=1"],
-    "traces0": ["trainer.logger=[]", "actor_rollout_ref.rollout.trace.backend=mlflow",
-               "actor_rollout_ref.rollout.trace.max_samples_per_step_per_worker=0"],
+    "traces": _traces(4), "traces1": _traces(1), "traces0": _traces(0),
 }
 CLEAN_ENV = ("MLFLOW_TRACKING_URI", "WANDB_DIR", "SWANLAB_LOG_DIR", "OTEL_RL_JSONL_PATH", "VERL_FILE_LOGGER_PATH",
              "VERL_FILE_LOGGER_ROOT", "OTEL_RL_EXPORTERS", "OTEL_SDK_DISABLED")

@@ -204,3 +204,7 @@ class LightTracer:
             ctx = SpanContext(new_trace_id(), new_span_id(), False, _FLAGS)
         return LightSpan(name, ctx, parent, attributes, links, start_time if start_time is not None else _time_ns(),
                          self._ended, self.resource, self.scope)
+
+    def start_in_current(self, name: str, attributes: dict[str, Any]) -> LightSpan:
+        """A span under the current span (OpenTelemetry's context), or a new trace's root if there is none."""
+        return self.start(name, trace_api.get_current_span().get_span_context(), attributes)

@@ -133,9 +133,8 @@ class timer:
     def __enter__(self) -> timer:
         self._span = None
         if RT.tracing:
-            parent = trace_api.get_current_span().get_span_context()
-            self._span = RT.light.start(self.name, parent if parent.is_valid else None,
-                                        {sc.RL_TIMER_NAME: self.name, sc.RL_SPAN_KIND: sc.KIND_TIMER})
+            self._span = RT.light.start_in_current(self.name, {sc.RL_TIMER_NAME: self.name,
+                                                               sc.RL_SPAN_KIND: sc.KIND_TIMER})
             self._token = otel_context.attach(trace_api.set_span_in_context(self._span))
         self._t0 = _perf()
         return self
@@ -367,8 +366,7 @@ def _start_op_span(meta: _OpMeta, args: tuple, kwargs: dict) -> Any:
             if v is not None:
                 attrs[sc.GEN_AI_TOOL_CALL_ID] = str(v)
                 break
-    parent = trace_api.get_current_span().get_span_context()
-    return RT.light.start(meta.name, parent if parent.is_valid else None, attrs)
+    return RT.light.start_in_current(meta.name, attrs)
 
 
 def _usage_from(result: Any, ids: tuple | None) -> tuple[int | None, int | None]:

@@ -35,7 +35,7 @@ pytest.importorskip("swanlab")
 pytest.importorskip("otel_rl_swanlab")
 
 from mlflow import MlflowClient  # noqa: E402
-from spool.spool_helpers import LineProcess, clean_env  # noqa: E402  (tests/ is on sys.path)
+from spool.spool_helpers import LineProcess, clean_env, wait_for  # noqa: E402  (tests/ is on sys.path)
 from trackers.test_mlflow import (  # noqa: E402
     CONFIG,
     check_metrics,
@@ -885,15 +885,6 @@ class _GatedExporter:
         pass
 
 
-def _wait_for(cond, timeout_s: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
-
-
 def test_export_process_settles_each_batch_once_every_queue_has_delivered_it():
     """What the export process tells the training process it may forget (`_Server.settled`): the batches
     below each queue's oldest one held only in memory.  A queue that is behind holds back the batches it
@@ -914,8 +905,8 @@ def test_export_process_settles_each_batch_once_every_queue_has_delivered_it():
         assert server.queues["fast"].wait_idle(5.0) and fast.got == ["r1", "r2", "r3", "r4"]
         assert server.settled() == 0  # "slow" has not delivered batch 1
         slow.allow(2)
-        assert _wait_for(lambda: len(slow.got) == 2)
-        assert _wait_for(lambda: server.settled() == 2)  # 1 and 2 delivered by both; 3 in flight in "slow"
+        assert wait_for(lambda: len(slow.got) == 2, 10.0)
+        assert wait_for(lambda: server.settled() == 2, 10.0)  # 1 and 2 delivered by both; 3 in flight in "slow"
         server.put(5, ["r5"], ("fast",))  # only for "fast": delivered at once, but behind 3 and 4
         assert server.queues["fast"].wait_idle(5.0)
         assert server.settled() == 2

@@ -69,6 +69,16 @@ def spool_contents(path: Path) -> list[Any]:
         sp.close(remove_if_empty=False)
 
 
+def wait_for(cond, timeout_s: float = 30.0) -> bool:
+    """Polls `cond` every 10 ms until it is true (True) or `timeout_s` passes (its last value)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.01)
+    return cond()
+
+
 def clean_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("OTEL_", "MLFLOW_", "WANDB_", "SWANLAB_", "VERL_"))

@@ -18,6 +18,7 @@ from otel_rl.exporters.tracker import TrackerExporter
 from otel_rl.records import RunIdentity, RunStart, StepMetrics
 from otel_rl.spool import SpoolOptions, options_for
 from otel_rl.testing import CaptureExporter
+from .spool_helpers import wait_for
 
 
 class Switch(otel_rl.Exporter):
@@ -51,15 +52,6 @@ class Switch(otel_rl.Exporter):
 
     def steps(self) -> list[int]:
         return [r.step for r in self.got if isinstance(r, StepMetrics)]
-
-
-def wait_for(cond, timeout_s: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.01)
-    return cond()
 
 
 @pytest.fixture(autouse=True)
