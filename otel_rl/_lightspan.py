@@ -61,6 +61,32 @@ def _clean(key: str, value: Any) -> Any:
     return _clean_attribute(key, value, None)
 
 
+def _make_context_factory() -> Callable[[int, int], SpanContext]:
+    """`SpanContext(trace_id, span_id, False, sampled)` for ids known to be valid (non-zero, in range),
+    without its constructor's checks: the tuple it would build, made directly.  Checked once here
+    against the constructor; should a later API lay its tuple out otherwise, the constructor is used."""
+    from opentelemetry.trace.span import DEFAULT_TRACE_STATE
+
+    make = tuple.__new__
+
+    def fast(trace_id: int, span_id: int) -> SpanContext:
+        return make(SpanContext, (trace_id, span_id, False, _FLAGS, DEFAULT_TRACE_STATE, True))
+
+    def slow(trace_id: int, span_id: int) -> SpanContext:
+        return SpanContext(trace_id, span_id, False, _FLAGS)
+
+    try:
+        a, b = fast(0xABC, 0xDEF), slow(0xABC, 0xDEF)
+        same = (a == b and (a.trace_id, a.span_id, a.is_remote, a.trace_flags, a.trace_state, a.is_valid)
+                == (b.trace_id, b.span_id, b.is_remote, b.trace_flags, b.trace_state, b.is_valid))
+    except Exception:  # pragma: no cover
+        same = False
+    return fast if same else slow
+
+
+_new_context = _make_context_factory()
+
+
 class LightSpan(trace_api.Span):
     """A recording span that becomes a `ReadableSpan` when it ends (see module doc)."""
 
@@ -198,10 +224,10 @@ class LightTracer:
               links: Sequence[Link] | None = None, start_time: int | None = None) -> LightSpan:
         """A span under `parent` (same trace), or the root of a new trace when `parent` is None."""
         if parent is not None and parent.is_valid:
-            ctx = SpanContext(parent.trace_id, new_span_id(), False, _FLAGS)
+            ctx = _new_context(parent.trace_id, new_span_id())
         else:
             parent = None
-            ctx = SpanContext(new_trace_id(), new_span_id(), False, _FLAGS)
+            ctx = _new_context(new_trace_id(), new_span_id())
         return LightSpan(name, ctx, parent, attributes, links, start_time if start_time is not None else _time_ns(),
                          self._ended, self.resource, self.scope)
 

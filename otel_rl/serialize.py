@@ -16,6 +16,7 @@ import enum
 import json
 import math
 import os
+import sys
 from typing import Any
 
 DEFAULT_MAX_CHARS = 256 * 1024
@@ -30,6 +31,8 @@ def _fallback(obj: Any) -> Any:
     """`default=` hook for json.dumps: one level of conversion, never raises."""
     try:
         return _convert(obj)
+    except RecursionError:  # a cycle through converted objects (see `_ENCODER`): to_json's slow path
+        raise
     except Exception as exc:  # a broken __repr__ or property must not escape
         return f"<unserialisable {type(obj).__name__}: {type(exc).__name__}>"
 
@@ -114,25 +117,34 @@ def _sanitize(obj: Any, seen: set[int], depth: int) -> Any:
         seen.discard(oid)
 
 
-try:  # the C encoder json.dumps builds on every call; building it ourselves skips a JSONEncoder per call
+try:  # the C encoder that json.dumps builds on every call, built once here
     from json.encoder import c_make_encoder as _c_make_encoder
     from json.encoder import encode_basestring as _encode_basestring
 except ImportError:  # pragma: no cover - interpreters without the C accelerator
     _c_make_encoder = None
     _encode_basestring = None
 
+# Without a circular-reference map (`markers=None`): the encoder then keeps no state between or
+# during calls, so one instance serves every thread; and a value that contains itself, which the
+# map would have reported as ValueError, ends in RecursionError at the interpreter's recursion limit
+# instead.  Both go to `to_json`'s slow path, which breaks cycles.  Skipping the map (an id() and a
+# dict insert and delete per container) makes a small op input about a third cheaper.
+_MARKERLESS_LIMIT = 4000  # the recursion limit up to which a cycle may run into it (Python's default: 1000)
+_getrecursionlimit = sys.getrecursionlimit
+_ENCODER = (None if _c_make_encoder is None else
+            _c_make_encoder(None, _fallback, _encode_basestring, None, ": ", ", ", False, False, False))
+
 
 def _dumps(obj: Any) -> str:
-    """Exactly ``json.dumps(obj, default=_fallback, ensure_ascii=False, allow_nan=False)``, faster.
-
-    `json.dumps` with those arguments constructs a `JSONEncoder` and then, in
-    `iterencode`, a C encoder; this makes the same C encoder directly (with a
-    fresh circular-reference map per call, so it is thread-safe).
-    """
-    if _c_make_encoder is None:  # pragma: no cover
+    """What ``json.dumps(obj, default=_fallback, ensure_ascii=False, allow_nan=False)`` returns for
+    a value without cycles, faster (see `_ENCODER`); a value with a cycle raises RecursionError."""
+    if _ENCODER is None:  # pragma: no cover
         return json.dumps(obj, default=_fallback, ensure_ascii=False, allow_nan=False)
     if isinstance(obj, str):
         return _encode_basestring(obj)
+    if _getrecursionlimit() <= _MARKERLESS_LIMIT:
+        return "".join(_ENCODER(obj, 0))
+    # a raised recursion limit would let a cycle run deep into the C stack: detect it instead
     return "".join(_c_make_encoder({}, _fallback, _encode_basestring, None, ": ", ", ", False, False, False)(obj, 0))
 
 

@@ -559,6 +559,37 @@ def test_nested_ops_form_a_tree_in_the_trajectory_trace():
         assert t3.trace_id != t2.trace_id
 
 
+
+def test_span_contexts_are_what_the_api_constructor_makes_and_propagate():
+    """The light spans build their SpanContext without the constructor's checks: every field must be what
+    `SpanContext(...)` gives for the same ids, and W3C propagation must carry it into a child process's
+    context (a traceparent header and back)."""
+    from opentelemetry.propagate import extract, inject
+    from opentelemetry.trace import SpanContext, TraceFlags
+
+    with capture() as cap:
+        with otel_rl.step(1) as st:
+            headers: dict = {}
+            inject(headers)
+            step_ctx = st.span_context
+            with otel_rl.trajectory(sample_index=0) as t:
+                outer(1)
+                op_ctx = trace_api.get_current_span().get_span_context()
+        cap.collect()
+        light = [step_ctx, op_ctx, t.span.get_span_context()]
+        assert all(c.trace_flags == TraceFlags(TraceFlags.SAMPLED) for c in light)
+        seen = [s.context for s in cap.spans] + light
+        assert len(seen) >= 6
+        for c in seen:
+            ref = SpanContext(c.trace_id, c.span_id, False, c.trace_flags, c.trace_state)
+            assert type(c) is SpanContext and c == ref
+            assert (c.trace_id, c.span_id, c.is_remote, c.trace_flags, c.trace_state, c.is_valid) == (
+                ref.trace_id, ref.span_id, ref.is_remote, ref.trace_flags, ref.trace_state, ref.is_valid)
+            assert c.is_valid and c.trace_flags.sampled and 0 < c.span_id < 2 ** 64 and 0 < c.trace_id < 2 ** 128
+        assert headers["traceparent"] == f"00-{step_ctx.trace_id:032x}-{step_ctx.span_id:016x}-01"
+        back = trace_api.get_current_span(extract(headers)).get_span_context()
+        assert (back.trace_id, back.span_id, back.is_remote) == (step_ctx.trace_id, step_ctx.span_id, True)
+
 def test_trajectory_explicit_attributes_validate_and_name(cap):
     with otel_rl.trajectory(step=9, sample_index=1, rollout_n=0, validate=True, name="my-rollout") as t:
         t.set_reward(0.75)

@@ -188,6 +188,43 @@ def test_dataclass_cycle():
     assert out["x"] == 1 and out["tags"] == ["<cycle>"]
 
 
+
+@pytest.mark.parametrize("limit", [None, 3000, 50000])
+def test_cycles_under_any_recursion_limit_and_a_small_thread_stack(limit):
+    """Cycles are found whether the fast encoder runs into the recursion limit (default and raised up to
+    its bound) or, above that bound, the encoder that tracks containers does; in a thread whose stack is
+    512 KiB, so that running into the limit must not overflow the C stack either."""
+    import sys
+    import threading
+
+    results: list = []
+
+    def run():
+        old = sys.getrecursionlimit()
+        if limit is not None:
+            sys.setrecursionlimit(limit)
+        try:
+            p = Point(1, 2.0)
+            p.tags.append(p)
+            d: dict = {"a": 1}
+            d["self"] = d
+            results.append((loads(p), loads(d), loads({"deep": [[[[{"ok": 1}]]]]})))
+        finally:
+            sys.setrecursionlimit(old)
+
+    previous = threading.stack_size(512 * 1024)
+    try:
+        t = threading.Thread(target=run)
+        t.start()
+        t.join()
+    finally:
+        threading.stack_size(previous)
+    assert results, "the thread died"
+    point, d, deep = results[0]
+    assert point["x"] == 1 and point["tags"] == ["<cycle>"]
+    assert d == {"a": 1, "self": "<cycle>"}
+    assert deep == {"deep": [[[[{"ok": 1}]]]]}
+
 def test_broken_repr_never_raises():
     out = loads(BadRepr())
     assert isinstance(out, str) and "BadRepr" in out
