@@ -190,13 +190,16 @@ def test_dataclass_cycle():
 
 
 @pytest.mark.parametrize("limit", [None, 3000, 50000])
-def test_cycles_under_any_recursion_limit_and_a_small_thread_stack(limit):
+def test_cycles_under_any_recursion_limit_and_a_small_thread_stack(limit, monkeypatch):
     """Cycles are found whether the fast encoder runs into the recursion limit (default and raised up to
     its bound) or, above that bound, the encoder that tracks containers does; in a thread whose stack is
     512 KiB, so that running into the limit must not overflow the C stack either."""
     import sys
     import threading
 
+    import otel_rl.serialize as ser
+
+    monkeypatch.setattr(ser, "_careful", 0)  # the fast encoder first, whatever an earlier test left
     results: list = []
 
     def run():
@@ -224,6 +227,29 @@ def test_cycles_under_any_recursion_limit_and_a_small_thread_stack(limit):
     assert point["x"] == 1 and point["tags"] == ["<cycle>"]
     assert d == {"a": 1, "self": "<cycle>"}
     assert deep == {"deep": [[[[{"ok": 1}]]]]}
+
+
+def test_after_a_cycle_the_encoder_with_the_map_is_used_for_a_while_with_the_same_results(monkeypatch):
+    """A cycle found by running into the recursion limit switches to the encoder that tracks containers for
+    the next calls (cycles in one program tend to come back; running into the limit each time costs ~0.5
+    ms); both encoders give the same text for the same values."""
+    import otel_rl.serialize as ser
+
+    monkeypatch.setattr(ser, "_careful", 0)
+    p = Point(1, 2.0)
+    p.tags.append(p)
+    values = [{"a": [1, 2.5, None, True], "b": {"c": "d"}}, Point(3, 4.0), [float("nan")], "text", 7]
+    fast = [to_json(v) for v in values]
+    assert ser._careful == 0  # no cycle yet: the fast encoder all along
+    assert loads(p)["tags"] == ["<cycle>"]
+    assert ser._careful == ser._CAREFUL_CALLS
+    careful = [to_json(v) for v in values]
+    assert careful == fast
+    assert ser._careful == ser._CAREFUL_CALLS - (len(values) - 1)  # every call but the str one counted down
+    assert loads(p)["tags"] == ["<cycle>"]  # found by the map this time: still marked
+    monkeypatch.setattr(ser, "_careful", 1)
+    to_json([1])
+    assert ser._careful == 0 and to_json(values[0]) == fast[0]
 
 def test_broken_repr_never_raises():
     out = loads(BadRepr())
