@@ -85,6 +85,9 @@ def _make_context_factory() -> Callable[[int, int], SpanContext]:
 
 
 _new_context = _make_context_factory()
+#: a light span's SpanContext is the tuple (trace_id, span_id, ...), so `ctx[0]`, `ctx[1]` read its ids
+#: without the API's properties (checked with the factory above)
+CONTEXT_IS_TUPLE = _new_context.__name__ == "fast"
 
 
 class LightSpan(trace_api.Span):

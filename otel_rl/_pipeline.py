@@ -923,21 +923,22 @@ class Pipeline:
         parts = [s for s in spans if type(s) is LightSpan or not is_record_span(s)]
         texts = {}
         jobs = None
+        sids: list[int] = []
         if self.pending_decode:
-            from ._token2text import decode_fields, drop
+            from ._token2text import decode_fields, drop, span_ids
 
+            sids = span_ids(parts)
             if ship and not local:
-                jobs = self._travelling_decodes(parts)  # decoded where the trajectories are built
+                jobs = self._travelling_decodes(sids)  # decoded where the trajectories are built
             if ship or local:
-                texts = decode_fields(parts, self.pending_decode)  # (what is left to decode here)
+                texts = decode_fields(parts, self.pending_decode, sids)  # (what is left to decode here)
             else:
-                drop(parts, self.pending_decode)
+                drop(parts, self.pending_decode, sids)
         wire = None
         if ship:
             if jobs:
-                from ._token2text import _span_id
-
-                wire = [pack(s, jobs.get(_span_id(s))) for s in parts]
+                get = jobs.get
+                wire = [pack(s, get(sid)) for s, sid in zip(parts, sids)]
             else:
                 wire = [pack(s) for s in parts]
             if texts:
@@ -962,15 +963,15 @@ class Pipeline:
             records = self._builder.build(out)
         self._process(records, out, stats, wire=wire)
 
-    def _travelling_decodes(self, parts: list) -> dict[int, tuple]:
-        """The token2text jobs of `parts` whose tokenizer can travel with them, as span id -> (tokenizer
-        key, prompt ids, response ids); they leave `pending_decode`.  The others stay for this thread."""
-        from ._token2text import _as_list, _span_id
+    def _travelling_decodes(self, sids: list[int]) -> dict[int, tuple]:
+        """The token2text jobs of the spans `sids` whose tokenizer can travel with them, as span id ->
+        (tokenizer key, prompt ids, response ids); they leave `pending_decode`.  The others stay for this
+        thread."""
+        from ._token2text import _as_list
 
         pending = self.pending_decode
         jobs: dict[int, tuple] = {}
-        for s in parts:
-            sid = _span_id(s)
+        for sid in sids:
             entry = pending.get(sid)
             if entry is None:
                 continue

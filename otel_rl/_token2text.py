@@ -19,7 +19,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 
 from . import semconv as sc
 from ._values import warn_once
-from ._lightspan import LightSpan
+from ._lightspan import CONTEXT_IS_TUPLE, LightSpan
 from .serialize import _dumps, to_json
 
 _log = logging.getLogger("otel_rl")
@@ -61,15 +61,23 @@ def _decode_all(tokenizer: Any, seqs: list[list[int]]) -> list[str]:
 
 
 def _span_id(span: Any) -> int:
-    ctx = span._context if type(span) is LightSpan else span.context
-    return ctx.span_id
+    if type(span) is LightSpan:
+        return span._context[1] if CONTEXT_IS_TUPLE else span._context.span_id
+    return span.context.span_id
 
 
-def decode_fields(spans: list, pending: dict[int, tuple]) -> dict[int, dict[str, str]]:
-    """Decode the ids noted for `spans` (their entries leave `pending`): span id -> the text fields."""
+def span_ids(spans: list) -> list[int]:
+    """The span id of each span (light or SDK), in order."""
+    if CONTEXT_IS_TUPLE:
+        return [s._context[1] if type(s) is LightSpan else s.context.span_id for s in spans]
+    return [_span_id(s) for s in spans]
+
+
+def decode_fields(spans: list, pending: dict[int, tuple], sids: list[int] | None = None) -> dict[int, dict[str, str]]:
+    """Decode the ids noted for `spans` (their entries leave `pending`): span id -> the text fields.
+    `sids`: the spans' ids, when the caller has them already."""
     jobs = []  # (span id, tokenizer, prompt_ids, response_ids)
-    for span in spans:
-        sid = _span_id(span)
+    for sid in (span_ids(spans) if sids is None else sids):
         entry = pending.pop(sid, None)
         if entry is not None:
             jobs.append((sid, *entry))
@@ -129,10 +137,10 @@ def decode_packed(packed: list, tokenizers: dict[int, Any], max_chars: int) -> N
                 merge_texts(t[6], fields, max_chars)
 
 
-def drop(spans: list, pending: dict[int, tuple]) -> None:
+def drop(spans: list, pending: dict[int, tuple], sids: list[int] | None = None) -> None:
     """Forget the ids noted for `spans` (nobody takes their texts)."""
-    for span in spans:
-        pending.pop(_span_id(span), None)
+    for sid in (span_ids(spans) if sids is None else sids):
+        pending.pop(sid, None)
 
 
 def decode_spans(spans: list, pending: dict[int, tuple], max_chars: int) -> list:

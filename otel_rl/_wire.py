@@ -22,12 +22,22 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ._lightspan import LightSpan
+from ._lightspan import _UNSET as UNSET_STATUS
+from ._lightspan import CONTEXT_IS_TUPLE, LightSpan
 
 
 def pack(span: Any, decode: tuple | None = None) -> tuple:
     """A `LightSpan` (ended) or an SDK `ReadableSpan` as a tuple (attributes copied); `decode`: its
     token2text job, if it has one for the receiving side."""
+    if type(span) is LightSpan and CONTEXT_IS_TUPLE:
+        # its contexts are tuples (trace_id, span_id, ...) and its status most often the shared UNSET one
+        ctx, parent, st, events = span._context, span._parent, span._status, span._events
+        code, desc = ("UNSET", None) if st is UNSET_STATUS else (st.status_code.name, st.description)
+        packed = (ctx[0], ctx[1], parent[1] if parent is not None else 0, span._name, span._start, span._end,
+                  dict(span._attributes),
+                  tuple((e.name, e.timestamp, dict(e.attributes or {})) for e in events) if events else None,
+                  code, desc)
+        return packed if decode is None else (*packed, decode)
     if type(span) is LightSpan:
         ctx, parent, name, start, end = span._context, span._parent, span._name, span._start, span._end
         attrs, events, st = span._attributes, span._events, span._status
