@@ -307,10 +307,30 @@ def _verl_wheel() -> str | None:
     return next((c for c in cands if c and os.path.isfile(c)), None)
 
 
-def _load_from_wheel(wheel: str, member: str, dest, name: str):
-    with zipfile.ZipFile(wheel) as z:
-        target = dest / os.path.basename(member)
-        target.write_bytes(z.read(member))
+def _verl_files():
+    """Reads a file of verl's source: from a verl wheel when one is at hand, else from the installed verl
+    package (scripts/bootstrap.sh --test installs verl 0.9.1 without its dependencies); None without both."""
+    wheel = _verl_wheel()
+    if wheel is not None:
+        def read(member: str) -> bytes:
+            with zipfile.ZipFile(wheel) as z:
+                return z.read(member)
+        return read
+    spec = importlib.util.find_spec("verl")  # finds the package without importing it
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    root = os.path.dirname(list(spec.submodule_search_locations)[0])
+
+    def read_installed(member: str) -> bytes:
+        with open(os.path.join(root, member), "rb") as f:
+            return f.read()
+    return read_installed
+
+
+def _load_from_verl(read, member: str, dest, name: str):
+    """verl's module `member` loaded on its own (not through the verl package, which otel-rl may patch)."""
+    target = dest / os.path.basename(member)
+    target.write_bytes(read(member))
     spec = importlib.util.spec_from_file_location(name, target)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -318,17 +338,15 @@ def _load_from_wheel(wheel: str, member: str, dest, name: str):
 
 
 def test_matches_verls_own_loggers(tmp_path, monkeypatch, capsys):
-    """With a verl wheel at hand (OTEL_RL_VERL_WHEEL or /tmp/verlwheel), run verl's own code side by side.
-
-    Get one with ``pip download verl==0.9.1 --no-deps -d /tmp/verlwheel``; it is not installed.
-    """
-    wheel = _verl_wheel()
-    if wheel is None:
-        pytest.skip("no verl wheel (pip download verl==0.9.1 --no-deps -d /tmp/verlwheel)")
+    """verl's own code side by side with ours: from a verl wheel (OTEL_RL_VERL_WHEEL or /tmp/verlwheel/) or
+    the installed verl package."""
+    read = _verl_files()
+    if read is None:
+        pytest.skip("no verl: neither installed nor a wheel (pip download verl==0.9.1 --no-deps -d /tmp/verlwheel)")
     pytest.importorskip("torch")  # aggregate_logger imports it
     pytest.importorskip("packaging")  # tracking imports it
-    agg = _load_from_wheel(wheel, "verl/utils/logger/aggregate_logger.py", tmp_path, "_verl_aggregate_logger")
-    trk = _load_from_wheel(wheel, "verl/utils/tracking.py", tmp_path, "_verl_tracking")
+    agg = _load_from_verl(read, "verl/utils/logger/aggregate_logger.py", tmp_path, "_verl_aggregate_logger")
+    trk = _load_from_verl(read, "verl/utils/tracking.py", tmp_path, "_verl_tracking")
 
     calls = [
         (0, {"actor/pg_loss": 0.123456789, "actor/lr": 1e-6, "n": 3, "flag": True}),
