@@ -61,10 +61,11 @@ def _clean(key: str, value: Any) -> Any:
     return _clean_attribute(key, value, None)
 
 
-def _make_context_factory() -> Callable[[int, int], SpanContext]:
+def _make_context_factory() -> tuple[Callable[[int, int], SpanContext], bool]:
     """`SpanContext(trace_id, span_id, False, sampled)` for ids known to be valid (non-zero, in range),
     without its constructor's checks: the tuple it would build, made directly.  Checked once here
-    against the constructor; should a later API lay its tuple out otherwise, the constructor is used."""
+    against the constructor; should a later API lay its tuple out otherwise, the constructor is used.
+    Returns the factory and whether it is the direct one."""
     from opentelemetry.trace.span import DEFAULT_TRACE_STATE
 
     make = tuple.__new__
@@ -81,13 +82,12 @@ def _make_context_factory() -> Callable[[int, int], SpanContext]:
                 == (b.trace_id, b.span_id, b.is_remote, b.trace_flags, b.trace_state, b.is_valid))
     except Exception:  # pragma: no cover
         same = False
-    return fast if same else slow
+    return (fast, True) if same else (slow, False)
 
 
-_new_context = _make_context_factory()
-#: a light span's SpanContext is the tuple (trace_id, span_id, ...), so `ctx[0]`, `ctx[1]` read its ids
-#: without the API's properties (checked with the factory above)
-CONTEXT_IS_TUPLE = _new_context.__name__ == "fast"
+#: CONTEXT_IS_TUPLE: a SpanContext is the tuple (trace_id, span_id, ...), so `ctx[0]`, `ctx[1]` read its
+#: ids without the API's properties (checked by the factory)
+_new_context, CONTEXT_IS_TUPLE = _make_context_factory()
 
 
 class LightSpan(trace_api.Span):

@@ -29,24 +29,20 @@ from ._lightspan import CONTEXT_IS_TUPLE, LightSpan
 def pack(span: Any, decode: tuple | None = None) -> tuple:
     """A `LightSpan` (ended) or an SDK `ReadableSpan` as a tuple (attributes copied); `decode`: its
     token2text job, if it has one for the receiving side."""
-    if type(span) is LightSpan and CONTEXT_IS_TUPLE:
-        # its contexts are tuples (trace_id, span_id, ...) and its status most often the shared UNSET one
-        ctx, parent, st, events = span._context, span._parent, span._status, span._events
-        code, desc = ("UNSET", None) if st is UNSET_STATUS else (st.status_code.name, st.description)
-        packed = (ctx[0], ctx[1], parent[1] if parent is not None else 0, span._name, span._start, span._end,
-                  dict(span._attributes),
-                  tuple((e.name, e.timestamp, dict(e.attributes or {})) for e in events) if events else None,
-                  code, desc)
-        return packed if decode is None else (*packed, decode)
     if type(span) is LightSpan:
         ctx, parent, name, start, end = span._context, span._parent, span._name, span._start, span._end
         attrs, events, st = span._attributes, span._events, span._status
     else:
         ctx, parent, name, start, end = span.context, span.parent, span.name, span.start_time or 0, span.end_time or 0
         attrs, events, st = span.attributes or {}, span.events, span.status
-    packed = (ctx.trace_id, ctx.span_id, parent.span_id if parent is not None else 0, name, start, end, dict(attrs),
+    if CONTEXT_IS_TUPLE:  # (trace_id, span_id, ...): read without the API's properties
+        ids = (ctx[0], ctx[1], parent[1] if parent is not None else 0)
+    else:  # pragma: no cover - an API whose SpanContext is laid out otherwise
+        ids = (ctx.trace_id, ctx.span_id, parent.span_id if parent is not None else 0)
+    code, desc = ("UNSET", None) if st is UNSET_STATUS else (st.status_code.name, st.description)
+    packed = (*ids, name, start, end, dict(attrs),
               tuple((e.name, e.timestamp, dict(e.attributes or {})) for e in events) if events else None,
-              st.status_code.name, st.description)
+              code, desc)
     return packed if decode is None else (*packed, decode)
 
 
