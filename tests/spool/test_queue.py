@@ -116,7 +116,7 @@ def test_default_spool_dir_is_per_run_and_cleaned_up(tmp_path, monkeypatch):
     assert not (tmp_path / "cache").exists()  # created only when needed
     h.log({"x": 1.0}, step=1)
     h.flush(0.2)
-    assert (tmp_path / "cache" / "otel-rl" / "spool" / "run-42" / "switch").is_dir()
+    assert wait_for((tmp_path / "cache" / "otel-rl" / "spool" / "run-42" / "switch").is_dir, 30)
     sw.up.set()
     assert h.flush(30)
     h.shutdown()
