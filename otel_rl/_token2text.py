@@ -68,8 +68,6 @@ def _span_id(span: Any) -> int:
 
 def span_ids(spans: list) -> list[int]:
     """The span id of each span (light or SDK), in order."""
-    if CONTEXT_IS_TUPLE:
-        return [s._context[1] if type(s) is LightSpan else s.context.span_id for s in spans]
     return [_span_id(s) for s in spans]
 
 
