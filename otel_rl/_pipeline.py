@@ -169,7 +169,7 @@ class DeliveryQueue:
     def __init__(self, exporter: Any, max_items: int, backoff_max_s: float = 30.0, *,
                  spool: Any = None, config: Any = None, gather_s: float | None = None):
         self.exporter = exporter
-        # export_interval_s: an exporter that gathers (the trackers) gets the batches queued within
+        # export_interval_s: an exporter that gathers (trackers, console, JSONL) gets the batches queued within
         # this time of the oldest one in one delivery: fewer calls and transactions, the same data
         if gather_s is None:
             gather_s = float(getattr(config, "export_interval_s", 0.0) or 0.0) \
@@ -229,7 +229,12 @@ class DeliveryQueue:
             if not spill:
                 self._drop_overflow()
                 self._refresh()
-                self._cond.notify()
+                if (len(self._mem) <= 1 or self._gather_s <= 0 or self._flushing or self._stop
+                        or self._mem_items >= _GATHER_MAX_ITEMS):
+                    # (a gathering delivery thread that already has batches waits for the oldest one's
+                    # time whatever comes after it: waking it for each batch would only cost the
+                    # training thread a switch of the interpreter lock every time)
+                    self._cond.notify()
                 return True
         ok = self._spill()
         if not ok:

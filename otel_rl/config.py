@@ -73,7 +73,7 @@ class Config:
     otlp_headers: str | None = None
     max_value_chars: int = 256 * 1024
     batch_delay_s: float = 0.2
-    export_interval_s: float = 1.0  # a tracker exporter gathers what is queued within this time into one delivery
+    export_interval_s: float = 1.0  # gathering exporters (trackers, console, JSONL): one delivery per interval
     queue_size: int = 100_000
     # durable delivery (docs/delivery.md): the on-disk spool behind each exporter's queue
     spool_dir: str | None = None  # None: ~/.cache/otel-rl/spool/<run id>; "off": no spool

@@ -207,7 +207,7 @@ def test_only_gathering_exporters_gather_and_the_setting_is_checked():
     qp, qt = DeliveryQueue(plain, 1000, config=cfg), DeliveryQueue(tracker, 1000, config=cfg)
     try:
         qp.put([], _metrics(1))
-        _wait(lambda: plain.calls)  # at once: console and file lines are not held back
+        _wait(lambda: plain.calls)  # at once: an exporter that does not gather is not held back
         assert qp._gather_s == 0 and qt._gather_s == 5.0
     finally:
         qp.stop(5)
@@ -217,3 +217,73 @@ def test_only_gathering_exporters_gather_and_the_setting_is_checked():
     for bad in ("-1", "nan", "soon", 1e9):
         with pytest.raises(otel_rl.ConfigError, match="export_interval_s"):
             resolve(export_interval_s=bad)
+
+
+def test_a_gathering_queue_wakes_its_thread_for_its_first_batch_only():
+    """Batches that come while the delivery thread gathers do not wake it (in the training process each
+    wake-up costs the training thread a switch of the interpreter lock); a queue that does not gather,
+    a flush and a full gathering wake it as before."""
+    from otel_rl._pipeline import _GATHER_MAX_ITEMS, DeliveryQueue
+
+    class Plain(Calls):
+        gathers = False
+
+    def counting(q):
+        n = [0]
+        notify = q._cond.notify
+
+        def counted(*a):
+            n[0] += 1
+            notify(*a)
+
+        q._cond.notify = counted
+        return n
+
+    exp, plain = Calls(), Plain()
+    q, qp = DeliveryQueue(exp, 100_000, gather_s=60.0), DeliveryQueue(plain, 1000)
+    try:
+        wakes, plain_wakes = counting(q), counting(qp)
+        for s in range(1, 11):
+            q.put([], _metrics(s))
+            qp.put([], _metrics(s))
+        assert wakes[0] == 1  # the first batch; the thread then waits for the interval
+        assert plain_wakes[0] == 10
+        _wait(lambda: qp.stats.exported == 10)
+        assert not exp.calls  # still gathering
+        assert q.wait_idle(20)  # a flush cuts it short: everything in one delivery
+        assert exp.calls == [list(range(1, 11))]
+        # more than a gathered delivery holds: the thread is woken to send it at once
+        big = [StepMetrics(run=None, step=100, values={"x": 1.0}, time_ns=i) for i in range(_GATHER_MAX_ITEMS)]
+        q.put([], _metrics(99))
+        before = wakes[0]
+        q.put([], big)
+        assert wakes[0] == before + 1
+        _wait(lambda: q.stats.exported == 11 + _GATHER_MAX_ITEMS)
+        assert [c[0] for c in exp.calls[1:]] == [99, 100]  # at once (not after 60 s), in two: over the cap
+    finally:
+        q.stop(5)
+        qp.stop(5)
+
+
+def test_console_and_jsonl_lines_are_gathered_and_flushed(tmp_path, capsys):
+    """The console and JSONL exporters gather like the trackers: nothing within export_interval_s, every
+    line at a flush, in step order."""
+    import json
+
+    h = otel_rl.init(exporters=["console", "file"], jsonl_path=str(tmp_path / "m.jsonl"), export_interval_s=60)
+    try:
+        capsys.readouterr()
+        for s in (1, 2, 3):
+            otel_rl.log({"x": float(s)}, step=s)
+        import time
+
+        time.sleep(0.8)  # the pipeline's batches (0.2 s) reached the queues, which hold them
+        assert "step:" not in capsys.readouterr().out
+        assert (tmp_path / "m.jsonl").read_text() == ""
+        h.flush()
+        out = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step:")]
+        assert [line.split(" - ")[0] for line in out] == ["step:1", "step:2", "step:3"]
+        lines = [json.loads(x) for x in (tmp_path / "m.jsonl").read_text().splitlines()]
+        assert [x["step"] for x in lines] == [1, 2, 3]
+    finally:
+        h.shutdown(10)

@@ -39,7 +39,8 @@ class Exporter:
     #: consumes records at all (console/jsonl/trackers); False for metric-only exporters
     wants_records: bool = True
     #: its queue gathers the batches of `export_interval_s` into one delivery (the trackers: fewer
-    #: calls and store transactions); False: each batch goes out as soon as it is queued
+    #: calls and store transactions; console and JSONL: fewer wake-ups of their thread in the
+    #: training process); False: each batch goes out as soon as it is queued
     gathers: bool = False
 
     def export_records(self, records: Sequence[Any]) -> None:  # pragma: no cover - default

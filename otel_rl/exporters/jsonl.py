@@ -89,6 +89,8 @@ def resolve_path(config: Any) -> str:
 
 
 class JsonlExporter(Exporter):
+    gathers = True  # lines written about once per `export_interval_s` and at every flush (as the console)
+
     def __init__(self, config: Any = None):
         self.path = resolve_path(config)
         parent = os.path.dirname(self.path)
