@@ -1,0 +1,137 @@
+"""Telemetry on vs off in blocks of steps of one demo process.
+
+    .venv/bin/python benchmarks/bench_blocks.py                       # 300 steps, blocks of 20, 4 skipped
+    .venv/bin/python benchmarks/bench_blocks.py --block 4 --skip 1    # short blocks: see below
+
+One ``otel-rl demo`` process with the configuration of ``bench_demo.py``'s "on" variant (no
+validation after step 0, so every block is training steps only).  Its training steps alternate
+in blocks: ``--block`` steps with telemetry on as configured, then ``--block`` steps with it
+switched off (tracing off, no handle: every decorator, context manager and ``log()`` takes its
+disabled path, as in a run without telemetry), and so on.  The first ``--skip`` steps of each
+block are left out: what telemetry does after the steps that made it (the pipeline's batches
+every 0.2 s, the export process's deliveries gathered over ``export_interval_s``, 1 s) lands
+there.  Reported: the training thread's CPU time and the wall time per step, mean and median,
+on against off.
+
+Unlike ``bench_demo.py --lockstep`` there is one process: no process-to-process spread (memory
+layout, which variant started first), but the two halves share the process's history, and
+work that telemetry leaves for later than ``--skip`` steps is charged to "off" (with blocks of 4
+and one step skipped the export process's work of an "on" block mostly falls into the "off"
+block after it).  The training changes over a run (responses grow as the policy learns the
+tool), which long blocks see as a trend: several hundred steps keep it small.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from bench_demo import CLEAN_ENV, ON  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("overrides", nargs="*", help="more dotlist overrides (after the 'on' configuration)")
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--block", type=int, default=20, help="steps per block")
+    ap.add_argument("--skip", type=int, default=4, help="steps left out at the start of each block")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    if not 0 <= args.skip < args.block:
+        sys.exit("--skip must be at least 0 and less than --block")
+    for k in CLEAN_ENV:
+        os.environ.pop(k, None)
+    os.environ.update(WANDB_MODE="offline", SWANLAB_MODE="offline", WANDB_SILENT="true")
+
+    from otel_rl._runtime import RT
+    from otel_rl.demo import trainer as trainer_mod
+
+    import gc
+
+    base = trainer_mod.GRPOTrainer
+    rows: list[tuple] = []  # (step, telemetry on, CPU s, wall s, GC s, voluntary, involuntary switches)
+    gc_time = [0.0, 0.0]  # seconds in the cyclic GC so far; start of the collection under way
+
+    def on_gc(phase: str, info: dict) -> None:
+        if phase == "start":
+            gc_time[1] = time.perf_counter()
+        else:
+            gc_time[0] += time.perf_counter() - gc_time[1]
+
+    gc.callbacks.append(on_gc)
+
+    def switches() -> tuple[int, int]:
+        """The calling thread's (voluntary, involuntary) context switches so far."""
+        try:
+            with open("/proc/thread-self/status") as f:
+                v = dict(line.split(":", 1) for line in f if "ctxt_switches" in line)
+            return int(v["voluntary_ctxt_switches"]), int(v["nonvoluntary_ctxt_switches"])
+        except (OSError, KeyError, ValueError):  # not Linux
+            return 0, 0
+    saved: list = []
+
+    class Blocks(base):  # type: ignore[misc, valid-type]
+        def __init__(self, cfg, on_step=None):
+            mark = [0.0, 0.0, 0.0, 0, 0]
+            on = [True]
+
+            def paced(step, metrics):
+                if on_step is not None:
+                    on_step(step, metrics)
+                cpu, wall = time.thread_time(), time.perf_counter()
+                if step > 0:
+                    vol, invol = switches()
+                    rows.append((step, on[0], cpu - mark[0], wall - mark[1], gc_time[0] - mark[2], vol - mark[3],
+                                 invol - mark[4]))
+                if not saved:
+                    saved.append((RT.handle, RT.tracing))
+                on[0] = ((step + 1) // args.block) % 2 == 0  # for the next step: blocks by step number
+                RT.handle, RT.tracing = saved[0] if on[0] else (None, False)
+                mark[:] = [time.thread_time(), time.perf_counter(), gc_time[0], *switches()]
+
+            super().__init__(cfg, on_step=paced)
+
+    trainer_mod.GRPOTrainer = Blocks
+    from otel_rl.cli import main as cli_main
+
+    with tempfile.TemporaryDirectory(prefix="bench_blocks_") as tmp:
+        argv = ["demo", "--no-progress", "--seed", str(args.seed), "--steps", str(args.steps),
+                "--output-dir", str(Path(tmp) / "demo"), *ON, "trainer.test_freq=0", *args.overrides]
+        with open(os.devnull, "w") as devnull:
+            stdout, sys.stdout = sys.stdout, devnull
+            try:
+                rc = cli_main(argv)
+            finally:
+                RT.handle, RT.tracing = saved[0] if saved else (RT.handle, RT.tracing)
+                sys.stdout = stdout
+    gc.callbacks.remove(on_gc)
+    if rc != 0:
+        sys.exit(f"the demo failed ({rc})")
+    # block b holds steps b*block .. b*block+block-1; the first block (step 0 is not a training step) is left out
+    kept = [r for r in rows if r[0] >= args.block and r[0] % args.block >= args.skip]
+    print(f"blocks: {args.steps} training steps of one demo process, telemetry on and off in blocks of "
+          f"{args.block} steps, the first {args.skip} of each left out")
+    print(f"{'per step (ms)':<34}{'on':>10}{'off':>10}{'ratio':>9}")
+    for label, i, fn in (("training thread CPU, mean", 2, statistics.mean),
+                         ("training thread CPU, median", 2, statistics.median),
+                         ("wall time, mean", 3, statistics.mean), ("wall time, median", 3, statistics.median),
+                         ("  of which the cyclic GC, mean", 4, statistics.mean)):
+        a = fn(r[i] for r in kept if r[1])
+        b = fn(r[i] for r in kept if not r[1])
+        print(f"{label:<34}{a * 1e3:>10.2f}{b * 1e3:>10.2f}{a / b:>9.4f}")
+    for label, i in (("voluntary switches of the thread", 5), ("involuntary switches of the thread", 6)):
+        a = statistics.mean(r[i] for r in kept if r[1])
+        b = statistics.mean(r[i] for r in kept if not r[1])
+        print(f"{label + ', per step':<44}{a:>10.1f}{b:>10.1f}")
+    print(f"steps kept: {sum(r[1] for r in kept)} on, {sum(not r[1] for r in kept)} off")
+
+
+if __name__ == "__main__":
+    main()
