@@ -89,6 +89,12 @@ def live(tmp_path_factory):
             spool = _spool_supported()
             t0 = time.time()
             if "otel-rl-demo" in targets:  # runs while the in-test workload runs
+                # Prometheus's first scrape comes seconds after its start, and the demo's endpoint closes
+                # with its run (a few seconds of --quick steps): start the demo once Prometheus scrapes
+                deadline = time.monotonic() + 60
+                while prom.targets_up().get("otel-rl-bridge") != "up":
+                    assert time.monotonic() < deadline, "Prometheus never scraped the bridge:\n" + prom.log()
+                    time.sleep(0.2)
                 demo = S.Demo(tmp, demo_port, bridge.http)
             handle = S.run_workload(trainer_port, bridge.http, str(tmp / "spool") if spool else None)
             run_id = handle.run_id
