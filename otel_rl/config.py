@@ -72,7 +72,7 @@ class Config:
     otlp_protocol: str | None = None
     otlp_headers: str | None = None
     max_value_chars: int = 256 * 1024
-    batch_delay_s: float = 0.2
+    batch_delay_s: float = 0.5  # the pipeline takes what was submitted this often (or at 512 items)
     export_interval_s: float = 1.0  # gathering exporters (trackers, console, JSONL): one delivery per interval
     queue_size: int = 100_000
     # durable delivery (docs/delivery.md): the on-disk spool behind each exporter's queue
