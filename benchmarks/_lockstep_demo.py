@@ -30,16 +30,14 @@ def main() -> int:
 
     base = trainer_mod.GRPOTrainer
     # LOCKSTEP_MUTE=1: telemetry set up as configured (threads, export process, trackers) but switched off
-    # after step 0, as in a run without it: what its mere presence costs
-    # (LOCKSTEP_MUTE=start: switched off from step 0 on)
-    mute = os.environ.get("LOCKSTEP_MUTE") in ("1", "start")
+    # after step 0, as in a run without it: what its mere presence costs; =start: switched off from step 0 on
+    mute = os.environ.get("LOCKSTEP_MUTE", "")
+    from otel_rl._runtime import RT
 
     class PacedTrainer(base):  # type: ignore[misc, valid-type]
         def __init__(self, cfg, on_step=None):
-            if os.environ.get("LOCKSTEP_MUTE") == "start":
-                from otel_rl._runtime import RT
-
-                RT.handle, RT.tracing = None, False
+            if mute == "start":
+                RT.handle, RT.tracing = None, False  # what the decorators and context managers read
             started = [time.perf_counter(), time.thread_time(), _faults()]
 
             def paced(step, metrics):
@@ -51,10 +49,8 @@ def main() -> int:
                 os.write(done_fd, f"{step} {seconds!r} {cpu!r} {faults}\n".encode())
                 if os.read(go_fd, 1) != b"g":
                     raise SystemExit("lockstep: the benchmark went away")
-                if mute:
-                    from otel_rl._runtime import RT
-
-                    RT.handle, RT.tracing = None, False  # what the decorators and context managers read
+                if mute in ("1", "start"):
+                    RT.handle, RT.tracing = None, False
                 started[:] = [time.perf_counter(), time.thread_time(), _faults()]
 
             super().__init__(cfg, on_step=paced)

@@ -270,7 +270,9 @@ def main() -> None:
                          "traces to the in-memory test exporter, traces to mlflow), one run each")
     ap.add_argument("--lockstep", nargs="?", const="on,off", default=None, metavar="A,B",
                     help="run the two variants side by side, alternating step by step (see lockstep()); "
-                         "A,B: the configurations compared (default on,off; off,off or on,on show the noise)")
+                         "A,B: the configurations compared (default on,off; off,off or on,on show the noise; "
+                         "NAME@VAR=VALUE gives one its environment, e.g. on@LOCKSTEP_MUTE=start: set up in full, "
+                         "switched off from step 0 (=1: after step 0))")
     ap.add_argument("overrides", nargs="*", help="more dotlist overrides for both variants")
     args = ap.parse_args()
     # both variants import otel-rl's modules from bytecode, as from an installed package (pip compiles
