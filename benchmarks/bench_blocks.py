@@ -24,16 +24,14 @@ tool), which long blocks see as a trend: several hundred steps keep it small.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from bench_demo import CLEAN_ENV, ON  # noqa: E402
+from bench_demo import in_process_environment, run_in_process  # noqa: E402
 
 
 def main() -> None:
@@ -46,9 +44,7 @@ def main() -> None:
     args = ap.parse_args()
     if not 0 <= args.skip < args.block:
         sys.exit("--skip must be at least 0 and less than --block")
-    for k in CLEAN_ENV:
-        os.environ.pop(k, None)
-    os.environ.update(WANDB_MODE="offline", SWANLAB_MODE="offline", WANDB_SILENT="true")
+    in_process_environment()
 
     from otel_rl._runtime import RT
     from otel_rl.demo import trainer as trainer_mod
@@ -99,21 +95,12 @@ def main() -> None:
             super().__init__(cfg, on_step=paced)
 
     trainer_mod.GRPOTrainer = Blocks
-    from otel_rl.cli import main as cli_main
-
-    with tempfile.TemporaryDirectory(prefix="bench_blocks_") as tmp:
-        argv = ["demo", "--no-progress", "--seed", str(args.seed), "--steps", str(args.steps),
-                "--output-dir", str(Path(tmp) / "demo"), *ON, "trainer.test_freq=0", *args.overrides]
-        with open(os.devnull, "w") as devnull:
-            stdout, sys.stdout = sys.stdout, devnull
-            try:
-                rc = cli_main(argv)
-            finally:
-                RT.handle, RT.tracing = saved[0] if saved else (RT.handle, RT.tracing)
-                sys.stdout = stdout
-    gc.callbacks.remove(on_gc)
-    if rc != 0:
-        sys.exit(f"the demo failed ({rc})")
+    try:
+        run_in_process(args.seed, args.steps, ["trainer.test_freq=0", *args.overrides], "bench_blocks_")
+    finally:
+        if saved:
+            RT.handle, RT.tracing = saved[0]
+        gc.callbacks.remove(on_gc)
     # block b holds steps b*block .. b*block+block-1; the first block (step 0 is not a training step) is left out
     kept = [r for r in rows if r[0] >= args.block and r[0] % args.block >= args.skip]
     print(f"blocks: {args.steps} training steps of one demo process, telemetry on and off in blocks of "

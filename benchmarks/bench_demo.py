@@ -67,6 +67,32 @@ CLEAN_ENV = ("MLFLOW_TRACKING_URI", "WANDB_DIR", "SWANLAB_LOG_DIR", "OTEL_RL_JSO
              "VERL_FILE_LOGGER_ROOT", "OTEL_RL_EXPORTERS", "OTEL_SDK_DISABLED")
 
 
+def in_process_environment() -> None:
+    """This process's environment as a benchmark's demo process gets it (for benchmarks that run the demo
+    in process, with a patched trainer): no store or log path of the caller's, the trackers offline."""
+    for k in CLEAN_ENV:
+        os.environ.pop(k, None)
+    os.environ.update(WANDB_MODE="offline", SWANLAB_MODE="offline", WANDB_SILENT="true")
+
+
+def run_in_process(seed: int, steps: int, overrides: list[str], prefix: str) -> None:
+    """`otel-rl demo` with the "on" configuration (+ `overrides`) in this process, its output directory a
+    temporary one and its stdout discarded; exits if the demo fails."""
+    from otel_rl.cli import main as cli_main
+
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        argv = ["demo", "--no-progress", "--seed", str(seed), "--steps", str(steps),
+                "--output-dir", str(Path(tmp) / "demo"), *ON, *overrides]
+        with open(os.devnull, "w") as devnull:
+            stdout, sys.stdout = sys.stdout, devnull
+            try:
+                rc = cli_main(argv)
+            finally:
+                sys.stdout = stdout
+    if rc != 0:
+        sys.exit(f"the demo failed ({rc})")
+
+
 def run_once(variant: str, seed: int, steps: int | None, extra: list[str], workdir: Path, k: int) -> dict:
     slug = "".join(c if c.isalnum() else "_" for c in variant)
     out = workdir / f"{slug}-{k}"

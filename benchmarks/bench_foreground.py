@@ -28,16 +28,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from bench_demo import CLEAN_ENV, ON  # noqa: E402
+from bench_demo import in_process_environment, run_in_process  # noqa: E402
 
 
 def main() -> None:
@@ -48,9 +46,7 @@ def main() -> None:
     ap.add_argument("--check", action="store_true", help="both halves with telemetry off: the method's own reading")
     ap.add_argument("--json", default=None, help="also write the per-step figures here")
     args = ap.parse_args()
-    for k in CLEAN_ENV:
-        os.environ.pop(k, None)
-    os.environ.update(WANDB_MODE="offline", SWANLAB_MODE="offline", WANDB_SILENT="true")
+    in_process_environment()
 
     from otel_rl._runtime import RT
     from otel_rl.demo import trainer as trainer_mod
@@ -102,19 +98,7 @@ def main() -> None:
             return outs["on"]
 
     trainer_mod.GRPOTrainer = Paired
-    from otel_rl.cli import main as cli_main
-
-    with tempfile.TemporaryDirectory(prefix="bench_foreground_") as tmp:
-        argv = ["demo", "--no-progress", "--seed", str(args.seed), "--steps", str(args.steps),
-                "--output-dir", str(Path(tmp) / "demo"), *ON, *args.overrides]
-        with open(os.devnull, "w") as devnull:
-            stdout, sys.stdout = sys.stdout, devnull
-            try:
-                rc = cli_main(argv)
-            finally:
-                sys.stdout = stdout
-    if rc != 0:
-        sys.exit(f"the demo failed ({rc})")
+    run_in_process(args.seed, args.steps, args.overrides, "bench_foreground_")
     if mismatched:
         sys.exit(f"the two rollouts of steps {mismatched[:5]} differ: the comparison is void")
     on = sum(a for a, _ in gen.values()) / len(gen)

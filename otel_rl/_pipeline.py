@@ -229,8 +229,7 @@ class DeliveryQueue:
             if not spill:
                 self._drop_overflow()
                 self._refresh()
-                if (len(self._mem) <= 1 or self._gather_s <= 0 or self._flushing or self._stop
-                        or self._mem_items >= _GATHER_MAX_ITEMS):
+                if len(self._mem) <= 1 or self._gather_left() <= 0:
                     # (a gathering delivery thread that already has batches waits for the oldest one's
                     # time whatever comes after it: waking it for each batch would only cost the
                     # training thread a switch of the interpreter lock every time)
