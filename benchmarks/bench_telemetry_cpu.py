@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import os
 import signal
 import statistics
@@ -110,7 +111,7 @@ def main() -> None:
 
     from otel_rl._runtime import RT
     from otel_rl.demo import agent_loop, trainer as trainer_mod
-    from otel_rl.demo.task import CALL, EOS, RESULT
+    from otel_rl.demo.task import CALL, RESULT
 
     def decode(self, prompts, params):  # what a policy that has learnt the tool writes, with no model
         self.batches += 1
@@ -130,7 +131,6 @@ def main() -> None:
         return zeros, (zeros if with_entropy else None)
 
     trainer_mod.token_log_probs = token_log_probs
-    import gc
 
     gc_time = [0.0, 0.0]  # seconds in the cyclic GC so far (training thread); start of the one under way
 
