@@ -23,7 +23,6 @@ tool), which long blocks see as a trend: several hundred steps keep it small.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -31,12 +30,11 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from bench_demo import in_process_environment, run_in_process  # noqa: E402
+from bench_demo import GcClock, in_process_environment, in_process_parser, run_in_process  # noqa: E402
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("overrides", nargs="*", help="more dotlist overrides (after the 'on' configuration)")
+    ap = in_process_parser(__doc__)
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--block", type=int, default=20, help="steps per block")
     ap.add_argument("--skip", type=int, default=4, help="steps left out at the start of each block")
@@ -49,19 +47,9 @@ def main() -> None:
     from otel_rl._runtime import RT
     from otel_rl.demo import trainer as trainer_mod
 
-    import gc
-
     base = trainer_mod.GRPOTrainer
     rows: list[tuple] = []  # (step, telemetry on, CPU s, wall s, GC s, voluntary, involuntary switches)
-    gc_time = [0.0, 0.0]  # seconds in the cyclic GC so far; start of the collection under way
-
-    def on_gc(phase: str, info: dict) -> None:
-        if phase == "start":
-            gc_time[1] = time.perf_counter()
-        else:
-            gc_time[0] += time.perf_counter() - gc_time[1]
-
-    gc.callbacks.append(on_gc)
+    gc_clock = GcClock(time.perf_counter).start()  # seconds in the cyclic GC so far
 
     def switches() -> tuple[int, int]:
         """The calling thread's (voluntary, involuntary) context switches so far."""
@@ -84,13 +72,13 @@ def main() -> None:
                 cpu, wall = time.thread_time(), time.perf_counter()
                 if step > 0:
                     vol, invol = switches()
-                    rows.append((step, on[0], cpu - mark[0], wall - mark[1], gc_time[0] - mark[2], vol - mark[3],
+                    rows.append((step, on[0], cpu - mark[0], wall - mark[1], gc_clock.seconds - mark[2], vol - mark[3],
                                  invol - mark[4]))
                 if not saved:
                     saved.append((RT.handle, RT.tracing))
                 on[0] = ((step + 1) // args.block) % 2 == 0  # for the next step: blocks by step number
                 RT.handle, RT.tracing = saved[0] if on[0] else (None, False)
-                mark[:] = [time.thread_time(), time.perf_counter(), gc_time[0], *switches()]
+                mark[:] = [time.thread_time(), time.perf_counter(), gc_clock.seconds, *switches()]
 
             super().__init__(cfg, on_step=paced)
 
@@ -100,7 +88,7 @@ def main() -> None:
     finally:
         if saved:
             RT.handle, RT.tracing = saved[0]
-        gc.callbacks.remove(on_gc)
+        gc_clock.stop()
     # block b holds steps b*block .. b*block+block-1; the first block (step 0 is not a training step) is left out
     kept = [r for r in rows if r[0] >= args.block and r[0] % args.block >= args.skip]
     print(f"blocks: {args.steps} training steps of one demo process, telemetry on and off in blocks of "

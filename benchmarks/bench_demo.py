@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import compileall
+import gc
 import json
 import os
 import resource
@@ -35,6 +36,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -65,6 +67,41 @@ LOCKSTEP_PARTS = {
 }
 CLEAN_ENV = ("MLFLOW_TRACKING_URI", "WANDB_DIR", "SWANLAB_LOG_DIR", "OTEL_RL_JSONL_PATH", "VERL_FILE_LOGGER_PATH",
              "VERL_FILE_LOGGER_ROOT", "OTEL_RL_EXPORTERS", "OTEL_SDK_DISABLED")
+
+
+def in_process_parser(doc: str | None) -> argparse.ArgumentParser:
+    """The argument parser of a benchmark that runs the demo in process: `doc` as its help, and the
+    dotlist overrides added after the "on" configuration."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("overrides", nargs="*", help="more dotlist overrides (after the 'on' configuration)")
+    return ap
+
+
+class GcClock:
+    """Time spent in the cyclic GC between `start()` and `stop()`, by `clock`
+    (e.g. ``time.perf_counter`` or ``time.thread_time``); with `thread` (an ident) only collections
+    run on that thread count.  `seconds`: the total so far."""
+
+    def __init__(self, clock, thread: int | None = None):
+        self.clock = clock
+        self.thread = thread
+        self.seconds = 0.0
+        self._start = 0.0
+
+    def _callback(self, phase: str, info: dict) -> None:
+        if self.thread is not None and threading.get_ident() != self.thread:
+            return
+        if phase == "start":
+            self._start = self.clock()
+        else:
+            self.seconds += self.clock() - self._start
+
+    def start(self) -> GcClock:
+        gc.callbacks.append(self._callback)
+        return self
+
+    def stop(self) -> None:
+        gc.callbacks.remove(self._callback)
 
 
 def in_process_environment() -> None:

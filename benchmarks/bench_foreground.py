@@ -26,7 +26,6 @@ the step and timer spans, ``log()``) is what ``bench_demo.py --lockstep`` adds o
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -35,12 +34,11 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from bench_demo import in_process_environment, run_in_process  # noqa: E402
+from bench_demo import in_process_environment, in_process_parser, run_in_process  # noqa: E402
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("overrides", nargs="*", help="more dotlist overrides (after the 'on' configuration)")
+    ap = in_process_parser(__doc__)
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--check", action="store_true", help="both halves with telemetry off: the method's own reading")

@@ -34,9 +34,7 @@ the traced trajectories alone (the slope).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import gc
 import os
 import signal
 import statistics
@@ -47,7 +45,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from bench_demo import in_process_environment, run_in_process  # noqa: E402
+from bench_demo import GcClock, in_process_environment, in_process_parser, run_in_process  # noqa: E402
 
 
 def _proc_cpu_s(pid: int) -> float:
@@ -94,8 +92,7 @@ def _signal_all(pids: list[int], sig: int) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("overrides", nargs="*", help="more dotlist overrides (after the 'on' configuration)")
+    ap = in_process_parser(__doc__)
     ap.add_argument("--blocks", type=int, default=30, help="blocks each way")
     ap.add_argument("--block", type=int, default=20, help="steps per block (a multiple of trainer.test_freq, 10)")
     ap.add_argument("--step-ms", type=float, default=175.0, help="a demo training step, to give the cost as a share")
@@ -132,18 +129,7 @@ def main() -> None:
 
     trainer_mod.token_log_probs = token_log_probs
 
-    gc_time = [0.0, 0.0]  # seconds in the cyclic GC so far (training thread); start of the one under way
-
-    def on_gc(phase: str, info: dict) -> None:
-        if threading.get_ident() != main_ident:
-            return
-        if phase == "start":
-            gc_time[1] = time.thread_time()
-        else:
-            gc_time[0] += time.thread_time() - gc_time[1]
-
-    main_ident = threading.get_ident()
-    gc.callbacks.append(on_gc)
+    gc_clock = GcClock(time.thread_time, threading.get_ident()).start()  # the training thread's GC seconds
     base = trainer_mod.GRPOTrainer
     total = args.blocks * 2 * args.block
     rows: list[tuple[bool, float, float, float, float]] = []  # (on, CPU s: process, thread, export process, GC)
@@ -196,7 +182,7 @@ def main() -> None:
         def _mark(self):
             remote = RT.pipeline.remote if RT.pipeline is not None else None
             return (time.process_time(), time.thread_time(), _proc_cpu_s(remote.pid) if remote is not None else 0.0,
-                    gc_time[0])
+                    gc_clock.seconds)
 
         def _switch(self, state, on):
             if on:
@@ -215,7 +201,7 @@ def main() -> None:
     try:
         run_in_process(0, total, args.overrides, "bench_telemetry_cpu")
     finally:
-        gc.callbacks.remove(on_gc)
+        gc_clock.stop()
         if paused_state.get("paused"):  # a run that failed inside an "on" block
             _signal_all(paused_state["paused"], signal.SIGCONT)
     asyncio.set_event_loop(None)
