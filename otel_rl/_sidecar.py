@@ -15,7 +15,8 @@ a pipe write, on the pipeline's threads).  ``export_process`` (docs/configuratio
 Protocol (two pipes; frames are a 4-byte little-endian length and a pickle):
 
     trainer -> child   ("hello", config, [(name, wants_trajectories)], queue_size)
-                       ("batch", seq, records, names)     records for these exporters
+                       ("batch", seq, pickle of (records, names, wire, resource attributes))
+                                                          records (and packed spans) for these exporters
                        ("flush", seq, timeout_s)          reply when all up to seq is delivered
                        ("routing", name, wants_trajectories)
                        ("stop", timeout_s, failure)       deliver, finish the tracker runs, exit
@@ -73,8 +74,8 @@ _CHILD = "import sys; from otel_rl._sidecar import main; sys.exit(main(sys.argv[
 
 
 def _items(batch: tuple) -> int:
-    """Records + packed spans of an unsettled batch (seq, records, names, wire, resource)."""
-    return len(batch[1]) + (len(batch[3]) if batch[3] else 0)
+    """Records + packed spans of an unsettled batch (seq, items, pickled contents)."""
+    return batch[1]
 
 
 def _mark_absent(names: Sequence[str]) -> None:
@@ -233,7 +234,8 @@ class SidecarClient:
         self._seq = 0  # batches handed to send()
         self._flushed = 0  # the child confirmed delivery of every batch up to here
         self._settled = 0  # the child delivered or spooled every batch up to here
-        self._unsettled: deque = deque()  # (seq, records, names): re-delivered if the child dies
+        # (seq, items, pickled (records, names, wire, resource)): re-delivered if the child dies
+        self._unsettled: deque = deque()
         self._unsettled_items = 0
         self._max_unsettled = max(1000, int(getattr(config, "queue_size", 100_000)))
         self._stop_sent = False
@@ -281,12 +283,21 @@ class SidecarClient:
         if not records and not wire:
             return
         n_items = len(records) + (len(wire) if wire else 0)
+        # Pickled here, once: what is sent, and what is kept for re-delivery until the child settles it.
+        # The batch's lists and tuples then die at once instead of living, tracked by the cyclic GC,
+        # for as long as the child takes to deliver it (its collections would scan them again and again).
+        try:
+            payload = pickle.dumps((records, tuple(names), wire, resource_attrs), protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:  # not expected: records and packed spans are plain data
+            _log.error("otel-rl: a batch for the export process could not be pickled (%s); %d items dropped",
+                       exc, n_items)
+            self.dropped += n_items
+            return
         with self._cond:
             if self.alive:
                 self._seq += 1
-                batch = (self._seq, records, tuple(names), wire, resource_attrs)
-                self._out.append(("batch", *batch))
-                self._unsettled.append(batch)
+                self._out.append(("batch", self._seq, payload))
+                self._unsettled.append((self._seq, n_items, payload))
                 self._unsettled_items += n_items
                 while self._unsettled_items > self._max_unsettled and len(self._unsettled) > 1:
                     # the oldest batch stays queued in the child; it only loses its re-delivery copy
@@ -421,7 +432,7 @@ class SidecarClient:
         with self._cond:
             self.alive = False
             stopped = self._stopped.is_set()
-            left = list(self._unsettled)
+            left = [(seq, *pickle.loads(payload)) for seq, _, payload in self._unsettled]
             self._unsettled.clear()
             self._unsettled_items = 0
             self._cond.notify_all()
@@ -631,7 +642,7 @@ class _Server:
                 break
             kind = msg[0]
             if kind == "batch":
-                self.put(*msg[1:])
+                self.put(msg[1], *pickle.loads(msg[2]))
             elif kind == "flush":
                 threading.Thread(target=self.flush, args=(msg[1], float(msg[2])), daemon=True).start()
             elif kind == "routing":

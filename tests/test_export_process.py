@@ -962,6 +962,31 @@ def test_training_process_forgets_what_a_gathering_exporter_has_delivered(store,
     assert_steps(store, name, range(1, sent + 1))
 
 
+def test_a_batch_that_cannot_be_pickled_is_dropped_counted_and_logged_the_next_ones_arrive(store, monkeypatch,
+                                                                                            caplog):
+    """Batches are pickled when they are handed to the export process (once: what is sent is also the copy
+    kept for re-delivery).  One that cannot be pickled is dropped with an error and counted; the sender
+    keeps going and the batches after it arrive."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
+    name = project("unpicklable")
+    h = start(project=name, experiment="e", exporters=["mlflow"], export_process="true")
+    client = h._sidecar
+    try:
+        otel_rl.log(step_values(1), step=1)
+        assert h.flush(60)
+        seq = client._seq
+        with caplog.at_level("ERROR", logger="otel_rl"):
+            client.send([lambda: 0, "another record"], client.names)
+        assert client.dropped == 2 and client._seq == seq
+        assert "could not be pickled" in caplog.text and "2 items dropped" in caplog.text
+        otel_rl.log(step_values(2), step=2)
+        assert h.flush(60)
+        assert client.alive and client._seq == seq + 1
+    finally:
+        h.shutdown()
+    assert_steps(store, name, [1, 2])
+
+
 def test_export_process_marks_probed_modules_that_are_not_installed():
     """`_mark_absent`: a module that is not installed fails every later import at once (MLflow tries
     ``import litellm`` for each LLM span it stores); an installed one is left alone."""
