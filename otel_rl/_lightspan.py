@@ -28,6 +28,8 @@ from opentelemetry import trace as trace_api
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
+from ._context import current_span
+
 try:  # OpenTelemetry's own attribute check (drops invalid values with a warning)
     from opentelemetry.attributes import _clean_attribute
 except ImportError:  # pragma: no cover - moved in some future API version
@@ -236,4 +238,4 @@ class LightTracer:
 
     def start_in_current(self, name: str, attributes: dict[str, Any]) -> LightSpan:
         """A span under the current span (OpenTelemetry's context), or a new trace's root if there is none."""
-        return self.start(name, trace_api.get_current_span().get_span_context(), attributes)
+        return self.start(name, current_span().get_span_context(), attributes)
