@@ -286,15 +286,18 @@ class SidecarClient:
         # Pickled here, once: what is sent, and what is kept for re-delivery until the child settles it.
         # The batch's lists and tuples then die at once instead of living, tracked by the cyclic GC,
         # for as long as the child takes to deliver it (its collections would scan them again and again).
-        try:
-            payload = pickle.dumps((records, tuple(names), wire, resource_attrs), protocol=pickle.HIGHEST_PROTOCOL)
-        except Exception as exc:  # not expected: records and packed spans are plain data
-            _log.error("otel-rl: a batch for the export process could not be pickled (%s); %d items dropped",
-                       exc, n_items)
-            self.dropped += n_items
-            return
+        payload = None
+        if self.alive:  # (once the child is gone, the batch goes to its in-process takeover as it is)
+            try:
+                payload = pickle.dumps((records, tuple(names), wire, resource_attrs),
+                                       protocol=pickle.HIGHEST_PROTOCOL)
+            except Exception as exc:  # not expected: records and packed spans are plain data
+                _log.error("otel-rl: a batch for the export process could not be pickled (%s); %d items dropped",
+                           exc, n_items)
+                self.dropped += n_items
+                return
         with self._cond:
-            if self.alive:
+            if self.alive and payload is not None:
                 self._seq += 1
                 self._out.append(("batch", self._seq, payload))
                 self._unsettled.append((self._seq, n_items, payload))
