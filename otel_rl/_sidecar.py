@@ -73,11 +73,6 @@ STOP_GRACE_S = 60.0
 _CHILD = "import sys; from otel_rl._sidecar import main; sys.exit(main(sys.argv[1:]))"
 
 
-def _items(batch: tuple) -> int:
-    """Records + packed spans of an unsettled batch (seq, items, pickled contents)."""
-    return batch[1]
-
-
 def _mark_absent(names: Sequence[str]) -> None:
     """In the export process: a module of `names` that is not installed is entered in ``sys.modules`` as
     None, which makes every later ``import`` of it fail at once (as it would after the search)."""
@@ -305,7 +300,7 @@ class SidecarClient:
                 while self._unsettled_items > self._max_unsettled and len(self._unsettled) > 1:
                     # the oldest batch stays queued in the child; it only loses its re-delivery copy
                     old = self._unsettled.popleft()
-                    self._unsettled_items -= _items(old)
+                    self._unsettled_items -= old[1]
                 self._cond.notify_all()
                 return
         self._adopted.wait(30.0)
@@ -429,7 +424,7 @@ class SidecarClient:
         with self._cond:
             self._settled = max(self._settled, seq)
             while self._unsettled and self._unsettled[0][0] <= self._settled:
-                self._unsettled_items -= _items(self._unsettled.popleft())
+                self._unsettled_items -= self._unsettled.popleft()[1]
 
     def _ended(self) -> None:
         with self._cond:
