@@ -679,6 +679,19 @@ class DeliveryQueue:
                      self.name, pending, nbytes, path, path)
 
     # -- control -------------------------------------------------------------------------------
+    def hold_flush(self) -> None:
+        """What is gathering goes out now, and later batches too, until `release_flush` (see
+        `wait_all_idle`: the queues of a flush deliver at once, not one after the other)."""
+        with self._cond:
+            self._flushing += 1
+            if not self._idle():
+                self._nudge = True  # a flush: retry now rather than at the end of the backoff
+                self._cond.notify_all()
+
+    def release_flush(self) -> None:
+        with self._cond:
+            self._flushing -= 1
+
     def wait_idle(self, timeout_s: float) -> bool:
         """True once everything queued is delivered.  On timeout, what is left is written to the
         spool (when there is one) and fsynced before returning False: after `wait_idle` returns,
@@ -731,6 +744,28 @@ class DeliveryQueue:
                 pending = self.stats.spool_pending
             if pending:
                 self._log_left(pending, sp.bytes, sp.path)
+
+
+def wait_all_idle(queues: Sequence[Any], timeout_s: float) -> bool:
+    """`wait_idle` of each of `queues` within `timeout_s` overall.  Every queue that gathers stops
+    gathering first, so all of them deliver at the same time: waiting for them one after the other
+    would leave each one gathering until the ones before it are done.  The export process's queue
+    (which has no `hold_flush`) is waited for first: its flush is the long one."""
+    deadline = time.monotonic() + timeout_s
+    held = []
+    try:
+        for q in queues:
+            hold = getattr(q, "hold_flush", None)
+            if hold is not None:
+                hold()
+                held.append(q)
+        ok = True
+        for q in sorted(queues, key=lambda q: hasattr(q, "hold_flush")):
+            ok = q.wait_idle(max(0.0, deadline - time.monotonic())) and ok
+        return ok
+    finally:
+        for q in held:
+            q.release_flush()
 
 
 _SYNC_INTERVAL_S = 1.0
@@ -837,9 +872,8 @@ class Pipeline:
             todo = [q for q in self.queues if id(q) not in waited]
             if not todo:
                 return ok
-            for q in todo:
-                waited.add(id(q))
-                ok = q.wait_idle(max(0.0, deadline - time.monotonic())) and ok
+            waited.update(id(q) for q in todo)
+            ok = wait_all_idle(todo, max(0.0, deadline - time.monotonic())) and ok
 
     def shutdown(self, timeout_s: float = 30.0) -> None:
         """Deliver what was submitted, within `timeout_s` overall (not per exporter)."""

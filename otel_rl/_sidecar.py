@@ -44,6 +44,7 @@ import gc
 import logging
 import os
 import pickle
+import select
 import signal
 import struct
 import subprocess
@@ -54,7 +55,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from ._pipeline import DeliveryQueue, ExporterStats, Receiver
+from ._pipeline import DeliveryQueue, ExporterStats, Receiver, wait_all_idle
 from .exporters.base import Exporter
 from .exporters.tracker import on_uncaught_exception, run_failure
 from .records import Trajectory
@@ -122,6 +123,25 @@ def _set_cpus(spec: str | None) -> None:
                 pass
     except (OSError, ValueError) as exc:
         _log.warning("otel-rl: export_process_cpus=%s could not be applied (%s)", spec, exc)
+
+
+def _wait_exit(proc: subprocess.Popen, timeout_s: float) -> int:
+    """`proc.wait(timeout_s)`, woken by the process's exit itself where Linux offers a pidfd: with a
+    timeout, Popen.wait polls, sleeping up to 50 ms between looks (time that shutdown would wait for
+    nothing).  Raises subprocess.TimeoutExpired as Popen.wait does."""
+    if proc.returncode is None and hasattr(os, "pidfd_open"):
+        try:
+            fd = os.pidfd_open(proc.pid)
+        except OSError:  # already reaped, or no pidfd here: Popen.wait knows
+            pass
+        else:
+            try:
+                select.select([fd], [], [], max(0.0, timeout_s))
+            except (OSError, ValueError):
+                pass
+            finally:
+                os.close(fd)
+    return proc.wait(timeout_s)
 
 
 def _write(f: Any, msg: Any) -> None:
@@ -352,7 +372,7 @@ class SidecarClient:
             self.request_stop(timeout_s)
         self._stopped.wait(max(0.0, timeout_s) + STOP_GRACE_S)
         try:
-            self.proc.wait(5.0)
+            _wait_exit(self.proc, 5.0)
         except subprocess.TimeoutExpired:
             _log.warning("otel-rl: the export process (pid %d) is still finishing its tracker runs; "
                          "it exits on its own when done", self.proc.pid)
@@ -435,7 +455,7 @@ class SidecarClient:
             self._unsettled_items = 0
             self._cond.notify_all()
         try:
-            self.proc.wait(5.0)
+            _wait_exit(self.proc, 5.0)
         except subprocess.TimeoutExpired:
             pass
         if stopped:
@@ -586,9 +606,7 @@ class _Server:
 
     def flush(self, seq: int, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
-        ok = True
-        for q in self.queues.values():
-            ok = q.wait_idle(max(0.0, deadline - time.monotonic())) and ok
+        ok = wait_all_idle(list(self.queues.values()), timeout_s)
         for q in self.queues.values():
             try:
                 q.exporter.flush(max(0.1, deadline - time.monotonic()))
@@ -608,8 +626,7 @@ class _Server:
                     q.exporter.process_failed(*failure)
                 except Exception:
                     pass
-        for q in self.queues.values():
-            q.wait_idle(max(0.0, deadline - time.monotonic()))
+        wait_all_idle(list(self.queues.values()), max(0.0, deadline - time.monotonic()))
         for q in self.queues.values():
             q.request_stop()
         for q in self.queues.values():

@@ -177,6 +177,47 @@ def test_flush_and_stop_do_not_wait_for_the_interval():
     assert [s for c in exp.calls for s in c] == [1, 2, 3]
 
 
+def test_a_flush_ends_the_gathering_of_every_queue_at_once():
+    """wait_all_idle (what a flush of the pipeline and of the export process waits with): while one
+    queue's delivery is still running, the other queues have already stopped gathering and delivered;
+    one after the other, each would gather until the ones before it were done."""
+    import threading
+    import time
+
+    from otel_rl._pipeline import DeliveryQueue, wait_all_idle
+
+    class Held(Calls):
+        def __init__(self):
+            super().__init__()
+            self.release = threading.Event()
+
+        def export_records(self, records):
+            self.release.wait(30)
+            super().export_records(records)
+
+    held, quick = Held(), Calls()
+    qa, qb = DeliveryQueue(held, 1000, gather_s=60.0), DeliveryQueue(quick, 1000, gather_s=60.0)
+    try:
+        qa.put([], _metrics(1))
+        qb.put([], _metrics(2))
+        done = []
+        t = threading.Thread(target=lambda: done.append(wait_all_idle([qa, qb], 60)))
+        t.start()
+        _wait(lambda: quick.calls)  # the second queue delivered while the first one's delivery is held
+        assert not held.calls and not done
+        held.release.set()
+        t.join(30)
+        assert done == [True] and held.calls == [[1]] and quick.calls == [[2]]
+        qb.put([], _metrics(3))  # after the flush the queues gather again
+        time.sleep(0.5)
+        assert quick.calls == [[2]]
+        assert wait_all_idle([qa, qb], 30) and quick.calls == [[2], [3]]
+    finally:
+        held.release.set()
+        qa.stop(5)
+        qb.stop(5)
+
+
 def test_a_bad_batch_in_a_gathered_delivery_drops_only_itself(caplog):
     from otel_rl._pipeline import DeliveryQueue
 

@@ -1069,3 +1069,22 @@ def test_export_process_cpus_none_of_which_is_available_leave_it_where_it_was_wi
         client = MlflowClient(store)
         _, run = get_run(client, name)  # the data arrived either way
         assert sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "n")) == [(1, 1.0), (2, 2.0)]
+
+
+def test_waiting_for_the_export_process_to_exit_returns_its_code_and_times_out_as_popen_does():
+    # (the training process waits for the export process's exit at shutdown: woken by the exit itself)
+    import subprocess
+
+    from otel_rl._sidecar import _wait_exit
+
+    p = subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(3)"])
+    assert _wait_exit(p, 60) == 3 and p.returncode == 3
+    assert _wait_exit(p, 1) == 3  # already reaped
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):
+            _wait_exit(p, 0.3)
+        assert p.poll() is None
+    finally:
+        p.kill()
+        assert _wait_exit(p, 60) == -signal.SIGKILL

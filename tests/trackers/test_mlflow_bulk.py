@@ -374,7 +374,9 @@ def test_quick_sanitize_stores_what_mlflow_sanitize_stores():
 
     rng = random.Random(7)
     atoms = ["x", 'a "quoted" word', "{bad", "[1, 2", "1", "-2.5e3", "true", "null", "数学 🔥", "\\", " ", "", "\t{}"]
-    values: list = [1, 2.5, True, None, ["a", "b"], b'"\\"x\\""', b"{}", "\x0b\"x\"", " \n\"y\"", '"\u00a0{}"']
+    values: list = [1, 2.5, True, None, ["a", "b"], b'"\\"x\\""', b"{}", "\x0b\"x\"", " \n\"y\"", '"\u00a0{}"',
+                    '"', '""', '"{', '"abc', '"a" "b"', '"\\u0022{}\\u0022"', '"\\u007b}"', '"\\t\\"x\\""', '" \\"1\\""',
+                    '"\u2003[1]"', ' "x"', '\n"\\"{}\\""']
     for _ in range(400):
         base = rng.choice([rng.choice(atoms), {"k": rng.choice(atoms)}, [rng.choice(atoms), 3], 7, rng.choice(atoms)])
         text = json.dumps(base) if not isinstance(base, str) or rng.random() < 0.5 else base
@@ -391,10 +393,42 @@ def test_quick_sanitize_stores_what_mlflow_sanitize_stores():
     # and the writer's translation is MLflow's with that one change
     from mlflow.tracing.otel.translation import translate_span_when_storing
 
-    quick = _bulk._with_quick_sanitize(translate_span_when_storing)
+    quick = _bulk.writer_translation(translate_span_when_storing)
     assert quick is not translate_span_when_storing and quick.__code__ is translate_span_when_storing.__code__
     assert quick.__globals__["sanitize_attributes"] is _bulk.quick_sanitize
     assert translate_span_when_storing.__globals__["sanitize_attributes"] is sanitize_attributes
+    # ... and the cost lookup that remembers the models without a price; MLflow's own is untouched
+    from mlflow.tracing.utils import calculate_cost_by_model_and_token_usage as mlflow_cost
+
+    assert hasattr(quick.__globals__["calculate_cost_by_model_and_token_usage"], "unpriced")
+    assert translate_span_when_storing.__globals__["calculate_cost_by_model_and_token_usage"] is mlflow_cost
+
+
+def test_the_writers_cost_lookup_prices_what_mlflow_prices_and_skips_only_models_without_a_price():
+    from mlflow.tracing.utils import calculate_cost_by_model_and_token_usage as mlflow_cost
+
+    calls = []
+
+    def counted(*args):
+        calls.append(args[0])
+        return mlflow_cost(*args)
+
+    cost = _bulk.unpriced_models_remembered(counted)
+    usages = [{"input_tokens": 0, "output_tokens": 0}, {"input_tokens": 5, "output_tokens": 3, "total_tokens": 8},
+              {"input_tokens": 1200, "output_tokens": 0}, {"output_tokens": 7}, {}, None]
+    models = ["tiny-transformer", "gpt-4o-mini", "gpt-4o", "my-org/ckpt-1000", "", None]
+    priced = set()
+    for _ in range(2):
+        for model in models:
+            for usage in usages:
+                want = mlflow_cost(model, usage, None)
+                assert cost(model, usage, None) == want, (model, usage)
+                if want:
+                    priced.add(model)
+    assert {"gpt-4o-mini", "gpt-4o"} <= priced  # MLflow's bundled prices: real costs compared
+    assert cost.unpriced == {"tiny-transformer", "my-org/ckpt-1000"}
+    # a model without a price is looked up until it has had tokens to price, then no more; priced ones always
+    assert calls.count("tiny-transformer") == 2 and calls.count("gpt-4o-mini") == 2 * len(usages)
 
 
 def test_a_retried_delivery_resumes_where_it_failed(tmp_path):

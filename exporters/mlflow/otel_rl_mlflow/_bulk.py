@@ -148,7 +148,7 @@ class BulkTraceWriter(SqliteWriter):
             from mlflow.entities.entity_type import EntityAssociationType
             from mlflow.utils.time import get_current_time_millis
 
-            helpers["translate_span_when_storing"] = _with_quick_sanitize(helpers["translate_span_when_storing"])
+            helpers["translate_span_when_storing"] = writer_translation(helpers["translate_span_when_storing"])
             helpers["EntityAssociationType"] = EntityAssociationType
             helpers["now_ms"] = get_current_time_millis
             default = m.SqlTraceInfo.__table__.c.db_payload_generation.server_default
@@ -435,8 +435,16 @@ def stored_attribute(value: Any) -> Any:
     and to a string, an object or an array only when that character is one of ``"{[`` -- what every
     other value (most of them: objects, numbers, short texts) is told apart by, before any parse."""
     if type(value) is str:
-        head = value.lstrip()[:1]
-        if head != '"':
+        head = value[:2]
+        if head[:1].isspace():  # (rare: the copy lstrip makes is left to these)
+            head = value.lstrip()[:2]
+        if head[:1] != '"':
+            return value
+        second = head[1:]
+        if second and second not in '"{[\\' and not second.isspace():
+            # a JSON text '"x...' whose x is none of these is a string that does not begin with a
+            # quote, a brace or a bracket, or no JSON at all: stored as it is, either way (most
+            # attribute values: names and kinds, JSON-encoded)
             return value
     try:
         once = json.loads(value)
@@ -456,12 +464,39 @@ def quick_sanitize(attributes: dict[str, Any]) -> dict[str, Any]:
     return {k: stored_attribute(v) for k, v in attributes.items()}
 
 
-def _with_quick_sanitize(translate: Callable[[Any], dict[str, Any]]) -> Callable[[Any], dict[str, Any]]:
-    """MLflow's ``translate_span_when_storing`` for this writer only, calling `quick_sanitize` where it
-    calls ``sanitize_attributes`` (MLflow's own writes keep the original).  ``sanitize_attributes``
-    parses every attribute value, and again when the first parse gives a string: ~40 % of the cost of
-    the translation for the writer's spans.  The verification compares the rows with MLflow's own, so
-    an MLflow whose rule differs turns the writer off."""
+def unpriced_models_remembered(calculate: Callable[..., Any]) -> Callable[..., Any]:
+    """MLflow's ``calculate_cost_by_model_and_token_usage``, remembering the models it finds no price
+    for.  Each call looks the model up again, and where litellm is not installed it first tries to
+    import it -- a failed import searches ``sys.path`` anew every time: ~100 µs per LLM span, the
+    largest single part of the writer's translation for a model without a price (a local policy,
+    a fine-tuned checkpoint).  Without a provider, MLflow looks a model up in its bundled price
+    lists: a model it found no price for there (with tokens to price) has none at any token count,
+    and is not looked up again.  With a provider (given, or ``databricks`` from the model's name)
+    MLflow may fetch the provider's list over the network: such calls are left alone."""
+    unpriced: set[str] = set()
+
+    def calculate_cost(model_name: Any, usage: Any, model_provider: Any = None) -> Any:
+        memo = (not model_provider and type(model_name) is str and model_name != ""
+                and not model_name.startswith(("databricks-", "databricks/")))
+        if memo and model_name in unpriced:
+            return None
+        cost = calculate(model_name, usage, model_provider)
+        if cost is None and memo and isinstance(usage, dict) and (usage.get("input_tokens") or
+                                                                  usage.get("output_tokens")):
+            unpriced.add(model_name)
+        return cost
+
+    calculate_cost.unpriced = unpriced  # type: ignore[attr-defined]
+    return calculate_cost
+
+
+def writer_translation(translate: Callable[[Any], dict[str, Any]]) -> Callable[[Any], dict[str, Any]]:
+    """MLflow's ``translate_span_when_storing`` for this writer only (MLflow's own writes keep the
+    original), with two of the functions it calls replaced by ones that give the same results faster:
+    `quick_sanitize` for ``sanitize_attributes``, which parses every attribute value, and again when
+    the first parse gives a string (~40 % of the cost of the translation for the writer's spans); and
+    `unpriced_models_remembered` around ``calculate_cost_by_model_and_token_usage``.  The verification
+    compares the rows with MLflow's own, so an MLflow whose rules differ turns the writer off."""
     import types
 
     code = getattr(translate, "__code__", None)
@@ -469,6 +504,9 @@ def _with_quick_sanitize(translate: Callable[[Any], dict[str, Any]]) -> Callable
         return translate
     scope = dict(translate.__globals__)
     scope["sanitize_attributes"] = quick_sanitize
+    calculate = scope.get("calculate_cost_by_model_and_token_usage")
+    if "calculate_cost_by_model_and_token_usage" in code.co_names and callable(calculate):
+        scope["calculate_cost_by_model_and_token_usage"] = unpriced_models_remembered(calculate)
     return types.FunctionType(code, scope, translate.__name__, translate.__defaults__)
 
 
