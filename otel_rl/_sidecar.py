@@ -136,7 +136,10 @@ def _wait_exit(proc: subprocess.Popen, timeout_s: float) -> int:
             pass
         else:
             try:
-                select.select([fd], [], [], max(0.0, timeout_s))
+                # (reaped meanwhile by the other thread that waits, the pid might even be another
+                # process's by now: poll() knows, and then nothing is waited for)
+                if proc.poll() is None:
+                    select.select([fd], [], [], max(0.0, timeout_s))
             except (OSError, ValueError):
                 pass
             finally:
