@@ -697,12 +697,9 @@ class DeliveryQueue:
         spool (when there is one) and fsynced before returning False: after `wait_idle` returns,
         every batch put before it is delivered or acknowledged in the spool."""
         deadline = time.monotonic() + timeout_s
-        with self._cond:
-            self._flushing += 1  # what is gathering goes out now
+        with self._cond:  # (a reentrant lock: hold_flush and release_flush take it again)
+            self.hold_flush()
             try:
-                if not self._idle():
-                    self._nudge = True  # a flush: retry now rather than at the end of the backoff
-                    self._cond.notify_all()
                 while not self._idle():
                     left = deadline - time.monotonic()
                     if left <= 0:
@@ -710,7 +707,7 @@ class DeliveryQueue:
                     self._cond.wait(left)
                 idle = self._idle()
             finally:
-                self._flushing -= 1
+                self.release_flush()
         sp = self._spool
         if not idle:
             if sp is not None:
@@ -760,7 +757,7 @@ def wait_all_idle(queues: Sequence[Any], timeout_s: float) -> bool:
                 hold()
                 held.append(q)
         ok = True
-        for q in sorted(queues, key=lambda q: hasattr(q, "hold_flush")):
+        for q in [q for q in queues if q not in held] + held:
             ok = q.wait_idle(max(0.0, deadline - time.monotonic())) and ok
         return ok
     finally:
