@@ -127,7 +127,8 @@ POISON_MAX_ATTEMPTS = 3
 class _Entry:
     """One batch: in memory, and on disk too once it has a spool frame."""
 
-    __slots__ = ("spans", "records", "n", "frame", "spans_done", "unspoolable", "t", "parts", "alone", "seq")
+    __slots__ = ("spans", "records", "n", "frame", "spans_done", "unspoolable", "t", "parts", "alone", "seq",
+                 "prepared")
 
     def __init__(self, spans: list, records: list, n: int, frame: Any = None, seq: int = 0):
         self.spans = spans
@@ -140,6 +141,7 @@ class _Entry:
         self.t = time.monotonic()  # when it was queued (export_interval_s counts from the oldest)
         self.parts: list[_Entry] | None = None  # a gathered batch: the batches it was made of
         self.alone = False  # split off a gathered batch that failed: delivered alone
+        self.prepared = False  # handed to the exporter's `prepare` while its delivery gathered
 
     @staticmethod
     def gather(parts: list[_Entry]) -> _Entry:
@@ -175,6 +177,9 @@ class DeliveryQueue:
             gather_s = float(getattr(config, "export_interval_s", 0.0) or 0.0) \
                 if getattr(exporter, "gathers", False) else 0.0
         self._gather_s = max(0.0, gather_s)
+        # the exporter's work ahead of a delivery, done while the delivery gathers (Exporter.prepare)
+        prepare = getattr(exporter, "prepare", None)
+        self._prepare = prepare if self._gather_s > 0 and callable(prepare) else None
         self._flushing = 0  # wait_idle() calls waiting: no gathering then
         self.name = exporter.name
         self.stats = ExporterStats()
@@ -229,10 +234,11 @@ class DeliveryQueue:
             if not spill:
                 self._drop_overflow()
                 self._refresh()
-                if len(self._mem) <= 1 or self._gather_left() <= 0:
+                if len(self._mem) <= 1 or self._prepare is not None or self._gather_left() <= 0:
                     # (a gathering delivery thread that already has batches waits for the oldest one's
                     # time whatever comes after it: waking it for each batch would only cost the
-                    # training thread a switch of the interpreter lock every time)
+                    # training thread a switch of the interpreter lock every time; unless it has the
+                    # exporter's work on this batch to do meanwhile)
                     self._cond.notify()
                 return True
         ok = self._spill()
@@ -522,6 +528,8 @@ class DeliveryQueue:
                                 self._refresh()
                                 return entry
             if gather_wait > 0:
+                if self._prepare is not None and self._prepare_gathered():
+                    continue  # that took time: look again
                 with self._cond:
                     self._cond.wait(gather_wait)
                 continue
@@ -555,6 +563,20 @@ class DeliveryQueue:
                 with self._io:
                     if sp.opened and sp.dirty:
                         self._sync_spool(sp)
+
+    def _prepare_gathered(self) -> bool:
+        """The exporter's `prepare` for the memory batches that have not had it (while they gather);
+        whether there were any.  A failing `prepare` only costs its time: the delivery does the work."""
+        with self._cond:
+            todo = [e for e in self._mem if not e.prepared and e.records]
+            for e in todo:
+                e.prepared = True
+        for e in todo:
+            try:
+                self._prepare(e.records)
+            except Exception:
+                _log.debug("otel-rl: exporter %r: prepare failed", self.name, exc_info=True)
+        return bool(todo)
 
     def _gather_left(self) -> float:
         """Seconds the delivery thread waits for more batches before the memory queue's oldest goes

@@ -306,6 +306,70 @@ def test_a_gathering_queue_wakes_its_thread_for_its_first_batch_only():
         qp.stop(5)
 
 
+class Preparing(Calls):
+    """Calls, with `prepare`: keeps the steps of each batch it is given ahead of its delivery."""
+
+    def __init__(self, fail: bool = False):
+        super().__init__()
+        self.prepared: list[list[int]] = []
+        self.delivered_before_prepared: list[int] = []
+        self.fail = fail
+
+    def prepare(self, records):
+        steps = [r.step for r in records]
+        delivered = [s for c in self.calls for s in c]
+        self.delivered_before_prepared += [s for s in steps if s in delivered]
+        self.prepared.append(steps)
+        if self.fail:
+            raise RuntimeError("cannot work ahead")
+
+
+def test_a_gathering_queue_hands_each_batch_to_prepare_while_it_gathers():
+    """An exporter with `prepare` gets each batch ahead of the gathered delivery (once each, as it comes,
+    not when the delivery goes out); the delivery still gets everything, in order, in one call."""
+    from otel_rl._pipeline import DeliveryQueue
+
+    exp = Preparing()
+    q = DeliveryQueue(exp, 1000, gather_s=60.0)
+    try:
+        for s in range(1, 4):
+            q.put([], _metrics(s))
+            _wait(lambda s=s: [x for b in exp.prepared for x in b] == list(range(1, s + 1)))
+        assert not exp.calls  # still gathering: the work was done ahead
+        assert q.wait_idle(20)  # a flush delivers it
+        assert exp.calls == [[1, 2, 3]] and exp.prepared == [[1], [2], [3]]
+        q.put([], _metrics(4))
+        assert q.wait_idle(20)  # a batch the flush caught before prepare: delivered all the same
+        assert [s for c in exp.calls for s in c] == [1, 2, 3, 4]
+        assert exp.delivered_before_prepared == []  # prepare never saw a batch already delivered
+    finally:
+        q.stop(5)
+
+
+def test_a_failing_prepare_costs_nothing_but_its_time():
+    from otel_rl._pipeline import DeliveryQueue
+
+    exp = Preparing(fail=True)
+    q = DeliveryQueue(exp, 1000, gather_s=0.3)
+    try:
+        for s in (1, 2):
+            q.put([], _metrics(s))
+        _wait(lambda: exp.calls)
+        assert exp.calls == [[1, 2]] and q.stats.exported == 2 and q.stats.failed_attempts == 0
+        assert exp.prepared == [[1], [2]]
+    finally:
+        q.stop(5)
+    # a queue that does not gather delivers each batch at once: nothing to do ahead
+    plain = Preparing()
+    qp = DeliveryQueue(plain, 1000, gather_s=0.0)
+    try:
+        qp.put([], _metrics(7))
+        _wait(lambda: plain.calls)
+        assert plain.prepared == [] and qp._prepare is None
+    finally:
+        qp.stop(5)
+
+
 def test_console_and_jsonl_lines_are_gathered_and_flushed(tmp_path, capsys):
     """The console and JSONL exporters gather like the trackers: nothing within export_interval_s, every
     line at a flush, in step order."""

@@ -49,6 +49,11 @@ class Exporter:
     def export_spans(self, spans: Sequence[Any]) -> None:  # pragma: no cover - default
         return None
 
+    #: ``prepare(records)`` or None: work that `export_records` would do for these records, done ahead
+    #: of their delivery while its queue gathers (see `gathers`); `export_records` of the same records
+    #: must give the same result whether or not it ran, and nothing may depend on it having run
+    prepare: Any = None
+
     def metric_readers(self) -> list[Any]:
         return []
 

@@ -192,6 +192,53 @@ def test_direct_writes_equal_mlflow_writes(tmp_path, monkeypatch):
     assert unwrapped and all('\\"nested\\"' in c and '\\\\"nested' not in c for c in unwrapped)
 
 
+def test_rows_computed_ahead_are_the_rows_mlflow_writes(tmp_path, monkeypatch):
+    """`prepare` (called while the exporter's queue gathers a delivery) builds the MLflow spans and the
+    direct writer's rows ahead; the delivery writes exactly those, and the store holds what MLflow
+    itself writes for the same trajectories.  Before a shape is verified nothing is done ahead; a
+    trace prepared again after it was stored (a re-delivery) goes through MLflow, stored once."""
+    trajs, ident = captured(steps=8)
+    fast_db, ref_db = tmp_path / "fast.db", tmp_path / "ref.db"
+    cfg = resolve(project=ident.project, experiment=ident.experiment, run_id=ident.run_id, trace_backend="mlflow")
+    exp = MlflowExporter(cfg, tracking_uri=f"sqlite:///{fast_db}")
+    exp.export_records([RunStart(ident, {"a": 1}, 0, time.time_ns())])
+    exp.prepare(trajs[:8])  # no trajectory written yet: nothing to work ahead with
+    assert not exp._ahead
+    first, rest = trajs[:8], trajs[8:]
+    for i in range(0, len(first), 4):
+        exp.export_records(first[i:i + 4])
+    writer = exp._bulk
+    assert writer and writer.state == "on", getattr(writer, "mismatch", None)
+    exp.prepare(rest)
+    ahead = set(writer._ahead)
+    assert ahead and ahead <= set(ids_of(rest)) and len(exp._ahead) == len(rest)
+    for i in range(0, len(rest), 4):
+        exp.export_records(rest[i:i + 4])
+    assert writer.prepared_traces == len(ahead) and not writer._ahead and not exp._ahead
+    # again, after they were stored: MLflow merges them, nothing is written twice
+    exp.prepare(first)
+    for i in range(0, len(first), 4):
+        exp.export_records(first[i:i + 4])
+    assert writer.prepared_traces == len(ahead) and not writer._ahead
+    fast_run = next(iter(exp.runs.values())).run_id
+    exp.shutdown()
+
+    monkeypatch.setenv(_bulk.ENV_BULK, "false")
+    ref = export(f"sqlite:///{ref_db}", trajs, ident)
+    ref_run = next(iter(ref.runs.values())).run_id
+    ref.shutdown()
+    ids = ids_of(rest)  # (the re-delivered ones carry MLflow's merge: a later payload generation)
+    got = trace_rows(str(fast_db), ids, {fast_run: "<run>"})
+    want = trace_rows(str(ref_db), ids, {ref_run: "<run>"})
+    assert set(got) == set(want)
+    for table in want:
+        assert got[table] == want[table], table
+    assert len(want["trace_info"]) == len(rest)
+    stored = trace_rows(str(fast_db), ids_of(first))
+    assert len(stored["trace_info"]) == len(stored["entity_associations"]) == len(first)
+    assert len(stored["spans"]) == sum(sum(1 for _ in t.root.walk()) for t in first)
+
+
 def test_traces_read_back_with_mlflow(tmp_path):
     trajs, ident = captured(steps=6)
     uri = f"sqlite:///{tmp_path / 'm.db'}"

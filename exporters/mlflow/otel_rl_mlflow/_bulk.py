@@ -44,6 +44,8 @@ ENV_BULK = "OTEL_RL_MLFLOW_BULK_TRACES"
 _ID_COLUMNS = ("request_id", "trace_id", "source_id", "destination_id")
 #: entity_associations columns MLflow fills with a fresh uuid / the current time
 _VOLATILE = {"entity_associations": ("association_id", "created_time")}
+#: traces whose rows `prepare` keeps at most (more: they were never delivered, and are forgotten)
+_AHEAD_MAX = 50_000
 
 
 class _Stub:
@@ -61,6 +63,10 @@ class Rows:
     def __init__(self) -> None:
         self.tables: dict[str, list[dict[str, Any]]] = {
             "trace_info": [], "trace_tags": [], "trace_request_metadata": [], "spans": [], "entity_associations": []}
+
+    def extend(self, other: Rows) -> None:
+        for table, rows in other.tables.items():
+            self.tables[table].extend(rows)
 
 
 def enabled_by_env() -> bool:
@@ -120,6 +126,9 @@ class BulkTraceWriter(SqliteWriter):
         self.mlflow_traces = 0  # written by MLflow (probes, re-deliveries, after a mismatch)
         self._artifact_locations: dict[str, str] = {}
         self._id_tables: dict[str, list[str]] | None = None
+        # rows computed ahead of their delivery (`prepare`): trace id -> (experiment id, run id, rows)
+        self._ahead: dict[str, tuple[str, str, Rows]] = {}
+        self.prepared_traces = 0  # of fast_traces, written from rows computed ahead
 
     # -- construction ----------------------------------------------------------------------
     @classmethod
@@ -171,7 +180,11 @@ class BulkTraceWriter(SqliteWriter):
         slow: list[tuple[str, list[Any]]] = []
         for tid, spans in traces:
             if tid in existing or self.state == "off":
+                self._ahead.pop(tid, None)
                 slow.append((tid, spans))
+                continue
+            if tid in self._ahead:  # its shape was verified when its rows were computed
+                fast.append((tid, spans))
                 continue
             shape = _shape(spans)
             if shape in self.verified:
@@ -179,7 +192,17 @@ class BulkTraceWriter(SqliteWriter):
             else:
                 probe.append((tid, spans, shape))
         if fast:
-            self._write(self._rows(experiment_id, run_id, fast))
+            rows, todo = Rows(), []
+            for tid, spans in fast:
+                ahead = self._ahead.pop(tid, None)
+                if ahead is not None and ahead[0] == experiment_id and ahead[1] == run_id:
+                    rows.extend(ahead[2])
+                    self.prepared_traces += 1
+                else:
+                    todo.append((tid, spans))
+            if todo:
+                rows.extend(self._rows(experiment_id, run_id, todo))
+            self._write(rows)
             self.fast_traces += len(fast)
         step = max(1, max_per_call)
         for i in range(0, len(probe), step):
@@ -188,6 +211,19 @@ class BulkTraceWriter(SqliteWriter):
             self._verify(experiment_id, run_id, part)
         for i in range(0, len(slow), step):
             self._by_mlflow(slow[i:i + step], mlflow_write)
+
+    def prepare(self, experiment_id: str, run_id: str, traces: Sequence[tuple[str, list[Any]]]) -> None:
+        """Compute the rows of `traces` (as `log` takes them) ahead of their delivery: `log` then only
+        writes them.  Only traces of a verified shape, while the direct path is on; a trace that turns
+        out to exist already at `log` goes through MLflow as always (its rows computed here are dropped)."""
+        if self.state != "on":
+            return
+        if len(self._ahead) > _AHEAD_MAX:  # never delivered (dropped batches): start over
+            self._ahead.clear()
+        for tid, spans in traces:
+            if tid in self._ahead or _shape(spans) not in self.verified:
+                continue
+            self._ahead[tid] = (experiment_id, run_id, self._rows(experiment_id, run_id, [(tid, spans)]))
 
     def _by_mlflow(self, traces: Sequence[tuple[str, list[Any]]],
                    mlflow_write: Callable[[list[Any], list[str]], None]) -> None:

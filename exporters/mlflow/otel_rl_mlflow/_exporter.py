@@ -70,6 +70,7 @@ GENERATIONS_COLUMNS = ["step", "input", "output", "score"]
 LOGGED_ARTIFACTS_TAG = "mlflow.loggedArtifacts"  # mlflow.utils.mlflow_tags.MLFLOW_LOGGED_ARTIFACTS
 
 MAX_METRICS_PER_BATCH = 1000  # MLflow MAX_METRICS_PER_BATCH
+_AHEAD_SPANS_MAX = 50_000  # trajectories whose spans `prepare` keeps at most (more: never delivered, forgotten)
 MAX_ENTITIES_PER_BATCH = 1000  # MLflow MAX_ENTITIES_PER_BATCH (metrics + params + tags)
 MAX_PARAMS_TAGS_PER_BATCH = 100  # MLflow MAX_PARAMS_TAGS_PER_BATCH
 MAX_TRACES_PER_CALL = 100  # MLflow MAX_TRACE_LINKS_PER_REQUEST; also near the sqlite store's sweet spot
@@ -250,6 +251,7 @@ class MlflowExporter(TrackerExporter):
         self._log_spans_supported = True
         self._bulk: Any = None  # _bulk.BulkTraceWriter, False (not applicable), None (not looked at)
         self._bulk_metrics: Any = None  # _bulk_metrics.BulkMetricWriter, False, None: the same
+        self._ahead: dict[int, list[Any]] = {}  # trace id -> its MLflow spans, built by `prepare`
 
     # -- clients ------------------------------------------------------------------------
     def _clients(self) -> tuple[Any, Any]:
@@ -583,9 +585,36 @@ class MlflowExporter(TrackerExporter):
         self._progress.pop(key, None)
         self._chunking.pop(key, None)
 
+    def prepare(self, records: Sequence[Any]) -> None:
+        """While its queue gathers a delivery: the MLflow spans of its trajectories and the direct
+        writer's rows for them, computed ahead, so that the delivery (and a flush at the end of a run)
+        only writes them.  Only for runs already open and the direct writer on; never raises."""
+        try:
+            bulk = self._bulk or None
+            if bulk is None or bulk.state != "on" or self._spans is None:
+                return
+            by_run: dict[Any, list[Trajectory]] = {}
+            for r in records:
+                if isinstance(r, Trajectory) and r.trace_id not in self._ahead:
+                    by_run.setdefault(r.run, []).append(r)
+            for ident, trajs in by_run.items():
+                handle = self.runs.get(ident)
+                if handle is None:
+                    continue
+                groups = [self._spans.spans(t) for t in trajs]
+                for t, g in zip(trajs, groups):
+                    self._ahead[t.trace_id] = g
+                bulk.prepare(handle.experiment_id, handle.run_id,
+                             [(_traces.mlflow_trace_id(t.trace_id), g) for t, g in zip(trajs, groups)])
+            if len(self._ahead) > _AHEAD_SPANS_MAX:
+                self._ahead.clear()
+        except Exception:  # the delivery does the work then
+            _log.debug("otel-rl: MLflow exporter: preparing a delivery failed", exc_info=True)
+
     def _log_traces(self, client: Any, tracing: Any, handle: _Run, trajs: list[Trajectory]) -> None:
         builder = self._spans
-        groups = [builder.spans(t) for t in trajs]
+        ahead = self._ahead
+        groups = [ahead.pop(t.trace_id, None) or builder.spans(t) for t in trajs]
         ids = [_traces.mlflow_trace_id(t.trace_id) for t in trajs]
         if self._log_spans_supported:
             bulk = self._bulk_writer(tracing)
