@@ -88,7 +88,8 @@ class Handle:
 
         self.light = LightTracer(processors.on_end if processors is not None else self._pipeline.submit,
                                  self.resource, scope, direct=self._pipeline.submit,
-                                 direct_ok=direct_ok if processors is not None else None)
+                                 direct_ok=direct_ok if processors is not None else None,
+                                 max_chars=cfg.max_value_chars)
         self.sampler = Sampler(cfg.run_id, cfg.max_samples)
         self.tokenizer = tokenizer
         self._emit_run_start()

@@ -29,6 +29,7 @@ from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from ._context import current_span
+from .serialize import DEFAULT_MAX_CHARS, materialize
 
 try:  # OpenTelemetry's own attribute check (drops invalid values with a warning)
     from opentelemetry.attributes import _clean_attribute
@@ -190,11 +191,12 @@ class LightSpan(trace_api.Span):
         except Exception:  # pragma: no cover - a span processor failing must not reach the caller
             _log.exception("otel-rl: span processor failed")
 
-    def readable(self) -> ReadableSpan:
-        """This (ended) span as the SDK's `ReadableSpan`."""
+    def readable(self, max_chars: int = DEFAULT_MAX_CHARS) -> ReadableSpan:
+        """This (ended) span as the SDK's `ReadableSpan` (an op's deferred inputs and output made into
+        JSON text of at most `max_chars`, `serialize.materialize`)."""
         return ReadableSpan(
             name=self._name, context=self._context, parent=self._parent, resource=self._resource,
-            attributes=self._attributes, events=tuple(self._events) if self._events else (),
+            attributes=materialize(self._attributes, max_chars), events=tuple(self._events) if self._events else (),
             links=tuple(self._links) if self._links else (), kind=_INTERNAL, status=self._status,
             start_time=self._start, end_time=self._end, instrumentation_scope=self._scope)
 
@@ -209,21 +211,23 @@ class LightTracer:
     only span processor is otel-rl's pipeline, to `direct` as the `LightSpan` itself (the
     pipeline then makes a `ReadableSpan` only for exporters that take spans)."""
 
-    __slots__ = ("sink", "resource", "scope", "direct", "direct_ok")
+    __slots__ = ("sink", "resource", "scope", "direct", "direct_ok", "max_chars")
 
     def __init__(self, sink: Callable[[ReadableSpan], None], resource: Any, scope: Any,
-                 direct: Callable[[LightSpan], None] | None = None, direct_ok: Callable[[], bool] | None = None):
+                 direct: Callable[[LightSpan], None] | None = None, direct_ok: Callable[[], bool] | None = None,
+                 max_chars: int = DEFAULT_MAX_CHARS):
         self.sink = sink
         self.resource = resource
         self.scope = scope
         self.direct = direct
         self.direct_ok = direct_ok
+        self.max_chars = max_chars  # of the JSON texts made for `sink` (LightSpan.readable)
 
     def _ended(self, span: LightSpan) -> None:
         if self.direct is not None and self.direct_ok is not None and self.direct_ok():
             self.direct(span)
         else:
-            self.sink(span.readable())
+            self.sink(span.readable(self.max_chars))
 
     def start(self, name: str, parent: SpanContext | None, attributes: dict[str, Any],
               links: Sequence[Link] | None = None, start_time: int | None = None) -> LightSpan:

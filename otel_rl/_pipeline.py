@@ -39,7 +39,7 @@ from ._lightspan import LightSpan
 from ._values import warn_once
 from ._wire import pack, unpack
 from .records import Record, RecordBuilder, Trajectory, is_record_span
-from .serialize import DEFAULT_MAX_CHARS
+from .serialize import DEFAULT_MAX_CHARS, materialize
 
 _log = logging.getLogger("otel_rl")
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
@@ -1007,7 +1007,8 @@ class Pipeline:
                     if fields is not None:
                         merge_texts(t[6], fields, limit)
         if local:
-            out = [s.readable() if type(s) is LightSpan else s for s in spans]
+            limit = self.config.max_value_chars
+            out = [s.readable(limit) if type(s) is LightSpan else s for s in spans]
             if texts:
                 from ._token2text import with_texts
 
@@ -1172,6 +1173,8 @@ class Receiver:
         if wire:
             from ._token2text import decode_packed
 
+            for t in wire:  # ops' inputs and outputs copied as bytes: their JSON text (serialize.snapshot)
+                materialize(t[6], self.max_chars)
             decode_packed(wire, self.tokenizers, self.max_chars)  # the token2text jobs shipped with them
         with self._lock:
             trajs = self._builder.build(unpack(wire, resource_attrs or {}, seq)) if wire else []

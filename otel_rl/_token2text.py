@@ -20,7 +20,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from . import semconv as sc
 from ._values import warn_once
 from ._lightspan import CONTEXT_IS_TUPLE, LightSpan
-from .serialize import _dumps, to_json
+from .serialize import _dumps, materialize, to_json
 
 _log = logging.getLogger("otel_rl")
 
@@ -164,7 +164,7 @@ def _spliced(raw: str, fields: dict[str, str], max_chars: int) -> str | None:
 def merge_texts(attrs: dict, fields: dict[str, str], max_chars: int) -> None:
     """Put the decoded `fields` into a span's attributes (in place): into its op output object when
     that is a whole JSON object, else as attributes of their own."""
-    raw = attrs.get(sc.RL_OP_OUTPUT)
+    raw = materialize(attrs, max_chars).get(sc.RL_OP_OUTPUT)
     if isinstance(raw, str) and not attrs.get(sc.RL_TRUNCATED):
         spliced = _spliced(raw, fields, max_chars)
         if spliced is not None:

@@ -11,8 +11,9 @@ A packed span::
      events (None or a tuple of (name, time_ns, attributes)), status code name, status description
      [, token2text job: (tokenizer key, prompt ids or None, response ids or None)])
 
-The receiving side decodes the token2text jobs (`otel_rl._token2text.decode_packed`) before it
-unpacks.
+An op's inputs and output may be in the attributes as copies (bytes, `otel_rl.serialize.snapshot`):
+the receiving side makes them into JSON text (`materialize`) and decodes the token2text jobs
+(`otel_rl._token2text.decode_packed`) before it unpacks.
 
 Links are not carried: trajectory records do not use them.
 """

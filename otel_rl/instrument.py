@@ -5,8 +5,9 @@ unsampled trajectory) an `op` is one attribute read and one context-variable
 read before calling through; an unsampled trajectory additionally wraps the call
 in try/except so that an error is never lost (a trajectory that ends in an error
 is always kept).  With tracing on, an op costs one light span (`_lightspan`)
-plus the JSON of its arguments and result.  Everything else happens in the
-export thread.
+plus a copy of its arguments and result (`serialize.snapshot`: their JSON, or
+a cheaper copy turned into JSON where the span is read).  Everything else
+happens in the export thread or the export process.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from ._context import attach_span, current_span, detach
 from ._pipeline import TrajectoryStat
 from ._runtime import RT, STEP, TRAJECTORY
 from ._token2text import extract_ids
-from .serialize import to_json
+from .serialize import snapshot, to_json
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -357,7 +358,7 @@ class _OpMeta:
 
 def _start_op_span(meta: _OpMeta, args: tuple, kwargs: dict) -> Any:
     inputs = meta.bind(args, kwargs)
-    text, truncated = to_json(inputs, RT.max_chars)
+    text, truncated = snapshot(inputs, RT.max_chars)  # its JSON text, or a copy made into it when read
     attrs = {**meta.attrs, _OP_INPUTS: text}
     if truncated:
         attrs[_TRUNCATED] = True
@@ -388,7 +389,7 @@ def _finish_op_span(span: Any, meta: _OpMeta, result: Any, args: tuple) -> None:
     # `span` is a LightSpan (RT.light) still recording: otel-rl's own attributes, valid by construction,
     # go straight into its attribute dict
     attrs = span._attributes
-    text, truncated = to_json(result, RT.max_chars)
+    text, truncated = snapshot(result, RT.max_chars)
     attrs[_OP_OUTPUT] = text
     if truncated:
         attrs[_TRUNCATED] = True

@@ -16,8 +16,12 @@ import enum
 import json
 import math
 import os
+import pickle
 import sys
+import threading
 from typing import Any
+
+from . import semconv as sc
 
 DEFAULT_MAX_CHARS = 256 * 1024
 _MAX_ITEMS = 1000  # per container, in the slow path
@@ -195,3 +199,90 @@ def parse_json_float(value: Any) -> Any:
     if value == "-Infinity":
         return -math.inf
     return value
+
+
+# ----------------------------------------------------------------------------- deferred JSON
+#
+# A traced op's inputs and output are copied when the op runs (later changes to them must not show)
+# but their JSON text is needed only where spans are read: in the export process, or by the
+# pipeline thread.  A value made only of Python's own data types (exactly: str, int, float, bool,
+# None, bytes, bytearray, list, tuple, dict, set, frozenset) is copied by pickle's C code, which
+# calls no Python code for these types, at a fraction of the cost of encoding it, and turned into
+# text by `json_text` where it is read.  Any other value (a tensor, a numpy array or scalar, a
+# dataclass, an int or str subclass such as an enum) makes pickle call `reducer_override`, which
+# stops the copy: that value is encoded on the spot, as before.
+
+
+class _PlainDataPickler(pickle.Pickler):
+    """Pickles exact builtin data types only (anything else raises), into a list of chunks; in fast
+    mode (no memo: a value that holds itself raises too, and goes to to_json's cycle handling)."""
+
+    def __init__(self) -> None:
+        self.chunks: list[bytes] = []
+        out = _Chunks()
+        out.write = self.chunks.append
+        super().__init__(out, pickle.HIGHEST_PROTOCOL)
+        self.fast = True
+
+    def reducer_override(self, obj: Any) -> Any:
+        raise _NotPlainData
+
+
+class _Chunks:
+    write: Any
+
+
+class _NotPlainData(Exception):
+    pass
+
+
+_local = threading.local()
+_ploads = pickle.loads
+#: the attributes of an op span that may hold a deferred copy (bytes) until they are read
+DEFERRED_KEYS = (sc.RL_OP_INPUTS, sc.RL_OP_OUTPUT)
+
+
+def _pickler() -> _PlainDataPickler:
+    p = _local.p = _PlainDataPickler()
+    return p
+
+
+def snapshot(obj: Any, max_chars: int = DEFAULT_MAX_CHARS) -> tuple[str | bytes, bool]:
+    """What `to_json(obj, max_chars)` returns, or a copy of `obj` (bytes) that `json_text` turns into
+    that text later: (text or copy, truncated).  Never raises."""
+    p = getattr(_local, "p", None) or _pickler()  # one per thread: reused, nothing shared
+    chunks = p.chunks
+    try:
+        p.dump(obj)
+    except Exception:  # not only plain data, a cycle, or too deep: encoded now
+        chunks.clear()
+        return to_json(obj, max_chars)
+    blob = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    chunks.clear()
+    if len(blob) > max_chars:  # large: its text is cut to max_chars now rather than a large copy kept
+        return to_json(obj, max_chars)
+    return blob, False
+
+
+def json_text(value: str | bytes, max_chars: int = DEFAULT_MAX_CHARS) -> tuple[str, bool]:
+    """The JSON text of a `snapshot` (what `to_json` gives for the value it copied): (text, truncated)."""
+    if type(value) is not bytes:
+        return value, False
+    try:
+        obj = _ploads(value)
+    except Exception as exc:  # pragma: no cover - a copy made by `snapshot` always loads
+        return json.dumps(f"<unreadable copy: {type(exc).__name__}>"), False
+    return to_json(obj, max_chars)
+
+
+def materialize(attributes: dict, max_chars: int = DEFAULT_MAX_CHARS) -> dict:
+    """An op span's attributes with its deferred inputs and output turned into JSON text, in place
+    (a text cut at `max_chars` sets ``rl.truncated``); returns `attributes`."""
+    for key in DEFERRED_KEYS:
+        v = attributes.get(key)
+        if type(v) is bytes:
+            text, truncated = json_text(v, max_chars)
+            attributes[key] = text
+            if truncated:
+                attributes[sc.RL_TRUNCATED] = True
+    return attributes

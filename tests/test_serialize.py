@@ -16,7 +16,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from otel_rl.serialize import TRUNCATION_MARK, json_float, parse_json_float, to_json
+from otel_rl.serialize import TRUNCATION_MARK, json_float, json_text, materialize, parse_json_float, snapshot, to_json
 
 
 def loads(obj, **kw):
@@ -413,3 +413,126 @@ def test_parse_json_float_leaves_other_values():
     assert parse_json_float("x") == "x"
     assert parse_json_float(None) is None
     assert parse_json_float(3) == 3
+
+
+# ----------------------------------------------------------------------------- deferred JSON (snapshot)
+
+SNAPSHOT_CORPUS = [
+    {"prompt_ids": [3, 14, 5], "sampling_params": {"temperature": 1.0, "max_tokens": 4}},
+    {1: "int key", (1, 2): "tuple key", None: 0, 2.5: True},
+    [float("nan"), float("inf"), -float("inf"), -0.0, 1e308, 5e-324],
+    {"b": b"\x00abc", "bad": b"\xff\xfe", "ba": bytearray(b"x")},
+    {"s": {3, 1, 2}, "f": frozenset({"a"}), "t": ()},
+    ["ctrl \x01\x1f", "unicode é 漢字 \u2028", "", "q\"uote\\"],
+    [10**30, -(2**63), True, False, None, 0],
+    [], {}, "plain", 7, 2.5, None, b"",
+    [[[[[1]]]]], {"a": {"b": {"c": [{"d": None}]}}},
+]
+
+
+@pytest.mark.parametrize("value", SNAPSHOT_CORPUS, ids=range(len(SNAPSHOT_CORPUS)))
+def test_a_snapshot_reads_as_the_json_of_the_value_it_copied(value):
+    copy, truncated = snapshot(value)
+    assert truncated is False
+    assert type(copy) is bytes  # builtin data only: copied, not encoded
+    assert json_text(copy) == to_json(value)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text() | st.binary(),
+                    lambda c: st.lists(c) | st.dictionaries(st.text() | st.integers(), c) | st.tuples(c, c),
+                    max_leaves=30))
+def test_snapshot_then_json_text_is_to_json(value):
+    copy, truncated = snapshot(value)
+    assert (json_text(copy), truncated) == (to_json(value), False) if type(copy) is bytes else (copy, truncated) == to_json(value)
+
+
+def test_a_snapshot_is_a_copy_taken_when_it_is_made():
+    prompt = [1, 2, 3]
+    params = {"t": 1.0}
+    copy, _ = snapshot({"prompt_ids": prompt, "params": params})
+    prompt += [4, 5]
+    params["t"] = 0.0
+    assert json.loads(json_text(copy)[0]) == {"prompt_ids": [1, 2, 3], "params": {"t": 1.0}}
+
+
+class Colour(str, enum.Enum):
+    RED = "red"
+
+
+@pytest.mark.parametrize("value", [Point(1, 2.0), torch.tensor([1.0, 2.0]), np.arange(3), np.float64(0.5),
+                                   [np.int64(3)], Colour.RED, {"k": Colour.RED}, [Point(0, 0.5)], Path("/x"),
+                                   memoryview(b"mv"), 1 + 2j, ..., object()],
+                         ids=["dataclass", "tensor", "ndarray", "np-scalar", "np-int-in-list", "str-enum",
+                              "enum-in-dict", "nested", "path", "memoryview", "complex", "ellipsis", "object"])
+def test_values_that_are_not_plain_data_are_encoded_at_once(value):
+    """Not copied as data: a buffer (numpy, memoryview) would come back as bytes, a subclass as its base."""
+    text, truncated = snapshot(value)
+    assert type(text) is str
+    assert (text, truncated) == to_json(value)
+
+
+def test_a_value_holding_itself_reads_as_to_json_and_a_large_one_is_encoded_at_once():
+    cyc: list = [1, {"k": "v"}]
+    cyc.append(cyc)
+    cyc.append(cyc[1])  # shared, not a cycle
+    copy, truncated = snapshot(cyc)
+    assert json_text(copy) == to_json(cyc) and "<cycle>" in to_json(cyc)[0]
+    big = list(range(5000))
+    text, truncated = snapshot(big, max_chars=1000)
+    assert type(text) is str and truncated and (text, truncated) == to_json(big, 1000)
+
+
+def test_materialize_turns_copies_into_text_and_marks_a_cut():
+    attrs = {"rl.op.inputs": snapshot({"ids": list(range(300))})[0], "rl.op.output": snapshot("done")[0],
+             "other": b"left alone"}
+    assert all(type(attrs[k]) is bytes for k in ("rl.op.inputs", "rl.op.output"))
+    out = materialize(attrs, max_chars=100)
+    assert out is attrs
+    assert attrs["rl.op.inputs"] == to_json({"ids": list(range(300))}, 100)[0]
+    assert attrs["rl.op.output"] == '"done"' and attrs["rl.truncated"] is True
+    assert attrs["other"] == b"left alone"  # only the op's inputs and output are deferred
+    assert materialize(attrs, 100) == attrs  # again: nothing left to do
+    plain = {"rl.op.inputs": '{"a": 1}'}
+    assert materialize(dict(plain)) == plain and "rl.truncated" not in materialize(dict(plain))
+
+
+def test_after_a_stopped_copy_the_next_one_is_whole():
+    """The per-thread pickler is reused: a copy stopped half-way (not plain data deep inside, a cycle,
+    a value nested too deep) leaves nothing behind for the next one."""
+    deep: list = []
+    node = deep
+    for _ in range(5000):
+        node.append([])
+        node = node[0]
+    cyc: dict = {"a": [1, 2]}
+    cyc["self"] = cyc
+    for bad in ({"x": [1, 2, {"y": np.float64(1.0)}]}, cyc, deep, [Point(1, 1.0)] * 3):
+        text, _ = snapshot(bad)
+        assert type(text) is str and (text, _) == to_json(bad)
+        good = {"ids": [1, 2, 3], "s": "ok", "f": 0.5}
+        copy, truncated = snapshot(good)
+        assert type(copy) is bytes and json_text(copy) == to_json(good)
+
+
+def test_copies_made_in_many_threads_at_once_are_their_own():
+    import threading
+
+    errors = []
+
+    def work(k):
+        try:
+            for i in range(2000):
+                v = {"thread": k, "i": i, "ids": list(range(i % 17))}
+                copy, _ = snapshot(v)
+                if json_text(copy) != to_json(v):
+                    errors.append((k, i))
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
