@@ -45,7 +45,7 @@ _ID_COLUMNS = ("request_id", "trace_id", "source_id", "destination_id")
 #: entity_associations columns MLflow fills with a fresh uuid / the current time
 _VOLATILE = {"entity_associations": ("association_id", "created_time")}
 #: traces whose rows `prepare` keeps at most (more: they were never delivered, and are forgotten)
-_AHEAD_MAX = 50_000
+_AHEAD_MAX = 10_000
 
 
 class _Stub:
