@@ -25,6 +25,7 @@ from typing import Any
 
 from ._lightspan import _UNSET as UNSET_STATUS
 from ._lightspan import CONTEXT_IS_TUPLE, LightSpan
+from .serialize import DEFERRED_KEYS, to_json
 
 
 def pack(span: Any, decode: tuple | None = None) -> tuple:
@@ -36,6 +37,7 @@ def pack(span: Any, decode: tuple | None = None) -> tuple:
     else:
         ctx, parent, name, start, end = span.context, span.parent, span.name, span.start_time or 0, span.end_time or 0
         attrs, events, st = span.attributes or {}, span.events, span.status
+        attrs = _foreign_bytes_as_text(attrs)
     if CONTEXT_IS_TUPLE:  # (trace_id, span_id, ...): read without the API's properties
         ids = (ctx[0], ctx[1], parent[1] if parent is not None else 0)
     else:  # pragma: no cover - an API whose SpanContext is laid out otherwise
@@ -45,6 +47,21 @@ def pack(span: Any, decode: tuple | None = None) -> tuple:
               tuple((e.name, e.timestamp, dict(e.attributes or {})) for e in events) if events else None,
               code, desc)
     return packed if decode is None else (*packed, decode)
+
+
+def _foreign_bytes_as_text(attrs: Any) -> Any:
+    """An op's inputs or output as bytes are a copy to unpickle (`serialize.materialize`) only in
+    otel-rl's own light spans; in any other span (one received over OTLP by the bridge, say) they are
+    data, and go on as the JSON text of those bytes, never to be unpickled."""
+    for key in DEFERRED_KEYS:
+        if isinstance(attrs.get(key), (bytes, bytearray)):
+            attrs = dict(attrs)
+            for k in DEFERRED_KEYS:
+                v = attrs.get(k)
+                if isinstance(v, (bytes, bytearray)):
+                    attrs[k] = to_json(bytes(v))[0]
+            return attrs
+    return attrs
 
 
 class _Ctx:

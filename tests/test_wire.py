@@ -58,3 +58,50 @@ def test_unpacked_spans_carry_the_ids_and_fields_back():
                                                                     dict(r.attributes))
         assert w.status.status_code == r.status.status_code.name and w.seq == 7
     assert span_ids(spans) == [_span_id(s) for s in spans] == [s.readable().context.span_id for s in spans]
+
+
+class _Unpickled:
+    """A pickle that, loaded, creates the file `path`: shows whether bytes were ever unpickled."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def test_op_values_as_bytes_are_unpickled_only_from_light_spans(tmp_path):
+    """A light span's inputs and output may be copies (bytes, `serialize.snapshot`) that the receiving
+    side makes into JSON text.  Bytes under those keys in any other span (the bridge decodes OTLP bytes
+    values as bytes) are data: packed as their JSON text, never unpickled."""
+    import pickle
+
+    from opentelemetry.sdk.trace import ReadableSpan
+    from opentelemetry.trace import SpanContext, TraceFlags
+
+    from otel_rl._pipeline import Receiver
+    from otel_rl.serialize import snapshot, to_json
+
+    marker = tmp_path / "unpickled"
+    blob = pickle.dumps(_Unpickled(str(marker)))
+    ctx = SpanContext(0xA1, 0xB2, False, TraceFlags(TraceFlags.SAMPLED))
+    foreign = ReadableSpan("received", context=ctx, attributes={"rl.op.inputs": blob, "rl.op.output": blob,
+                                                                "other": "kept"},
+                           start_time=1, end_time=2)
+    t = pack(foreign)
+    assert t[6] == {"rl.op.inputs": to_json(blob)[0], "rl.op.output": to_json(blob)[0], "other": "kept"}
+    assert foreign.attributes["rl.op.inputs"] == blob  # the span itself is left as it is
+
+    direct: list = []  # ended light spans as otel-rl's pipeline gets them (no other span processor)
+    tracer = _lightspan.LightTracer(lambda s: None, Resource.create({}), InstrumentationScope("t", "1"),
+                                    direct=direct.append, direct_ok=lambda: True)
+    own = tracer.start("op", None, {"rl.op.inputs": snapshot({"ids": [1, 2]})[0]})
+    own._attributes["rl.op.output"] = snapshot([3])[0]
+    own.end()
+    mine = pack(own)
+    assert type(mine[6]["rl.op.inputs"]) is bytes  # travels as the copy
+
+    Receiver({}).put([], [], [t, mine], {})
+    assert not marker.exists()
+    assert t[6]["rl.op.inputs"] == to_json(blob)[0]
+    assert mine[6] == {"rl.op.inputs": '{"ids": [1, 2]}', "rl.op.output": "[3]"}
