@@ -219,6 +219,8 @@ class _PlainDataPickler(pickle.Pickler):
 
     def __init__(self) -> None:
         self.chunks: list[bytes] = []
+        self.busy = False  # a copy is being made (code run meanwhile on this thread: a finalizer, a signal
+        # handler, may trace an op too; that one is encoded instead)
         out = _Chunks()
         out.write = self.chunks.append
         super().__init__(out, pickle.HIGHEST_PROTOCOL)
@@ -251,12 +253,17 @@ def snapshot(obj: Any, max_chars: int = DEFAULT_MAX_CHARS) -> tuple[str | bytes,
     """What `to_json(obj, max_chars)` returns, or a copy of `obj` (bytes) that `json_text` turns into
     that text later: (text or copy, truncated).  Never raises."""
     p = getattr(_local, "p", None) or _pickler()  # one per thread: reused, nothing shared
+    if p.busy:
+        return to_json(obj, max_chars)
     chunks = p.chunks
+    p.busy = True
     try:
         p.dump(obj)
     except Exception:  # not only plain data, a cycle, or too deep: encoded now
         chunks.clear()
         return to_json(obj, max_chars)
+    finally:
+        p.busy = False
     blob = chunks[0] if len(chunks) == 1 else b"".join(chunks)
     chunks.clear()
     if len(blob) > max_chars:  # large: its text is cut to max_chars now rather than a large copy kept

@@ -536,3 +536,21 @@ def test_copies_made_in_many_threads_at_once_are_their_own():
     for t in threads:
         t.join()
     assert errors == []
+
+
+def test_a_copy_asked_for_while_one_is_being_made_on_the_same_thread_is_encoded():
+    """Code that runs in the middle of a copy on the same thread (a finalizer run by the collector, a
+    signal handler) and traces an op gets its JSON at once rather than the busy pickler; the next copy
+    is whole again."""
+    from otel_rl import serialize as ser
+
+    snapshot(1)  # this thread's pickler exists
+    p = ser._local.p
+    p.busy = True  # as while its dump() runs
+    try:
+        assert snapshot({"a": [1]}) == to_json({"a": [1]})
+        assert p.chunks == []
+    finally:
+        p.busy = False
+    copy, _ = snapshot({"a": [1]})
+    assert type(copy) is bytes and json_text(copy) == to_json({"a": [1]})
