@@ -219,8 +219,9 @@ class _PlainDataPickler(pickle.Pickler):
 
     def __init__(self) -> None:
         self.chunks: list[bytes] = []
-        self.busy = False  # a copy is being made (code run meanwhile on this thread: a finalizer, a signal
-        # handler, may trace an op too; that one is encoded instead)
+        # a copy is being made: code that runs meanwhile on this thread (a finalizer, a signal handler)
+        # and traces an op gets its value encoded instead
+        self.busy = False
         out = _Chunks()
         out.write = self.chunks.append
         super().__init__(out, pickle.HIGHEST_PROTOCOL)

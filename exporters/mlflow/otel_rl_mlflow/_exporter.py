@@ -70,10 +70,10 @@ GENERATIONS_COLUMNS = ["step", "input", "output", "score"]
 LOGGED_ARTIFACTS_TAG = "mlflow.loggedArtifacts"  # mlflow.utils.mlflow_tags.MLFLOW_LOGGED_ARTIFACTS
 
 MAX_METRICS_PER_BATCH = 1000  # MLflow MAX_METRICS_PER_BATCH
-_AHEAD_SPANS_MAX = 10_000  # trajectories whose spans `prepare` keeps at most (more: never delivered, forgotten)
 MAX_ENTITIES_PER_BATCH = 1000  # MLflow MAX_ENTITIES_PER_BATCH (metrics + params + tags)
 MAX_PARAMS_TAGS_PER_BATCH = 100  # MLflow MAX_PARAMS_TAGS_PER_BATCH
 MAX_TRACES_PER_CALL = 100  # MLflow MAX_TRACE_LINKS_PER_REQUEST; also near the sqlite store's sweet spot
+_AHEAD_SPANS_MAX = 10_000  # trajectories whose spans `prepare` keeps at most (more: never delivered, forgotten)
 MAX_SPANS_PER_CALL = 2000
 MAX_BYTES_PER_CALL = 8 << 20
 # with the direct sqlite writer on (_bulk): what one transaction may hold; fewer, larger transactions
