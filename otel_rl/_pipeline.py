@@ -976,6 +976,7 @@ class Pipeline:
         the export process (or the queues that took over from it), which builds its trajectories."""
         ship = self._ship()
         local = self._local_wants_spans()
+        limit = self.config.max_value_chars
         # spans that are parts of trajectories (not a log() call, a generations table, the run start)
         parts = [s for s in spans if type(s) is LightSpan or not is_record_span(s)]
         texts = {}
@@ -1001,18 +1002,15 @@ class Pipeline:
             if texts:
                 from ._token2text import merge_texts
 
-                limit = self.config.max_value_chars
                 for t in wire:
                     fields = texts.get(t[1])
                     if fields is not None:
                         merge_texts(t[6], fields, limit)
         if local:
-            limit = self.config.max_value_chars
             out = [s.readable(limit) if type(s) is LightSpan else s for s in spans]
             if texts:
                 from ._token2text import with_texts
 
-                limit = self.config.max_value_chars
                 out = [with_texts(s, texts[s.context.span_id], limit) if s.context.span_id in texts else s
                        for s in out]
             records = self._builder.build(out)

@@ -53,15 +53,9 @@ def _foreign_bytes_as_text(attrs: Any) -> Any:
     """An op's inputs or output as bytes are a copy to unpickle (`serialize.materialize`) only in
     otel-rl's own light spans; in any other span (one received over OTLP by the bridge, say) they are
     data, and go on as the JSON text of those bytes, never to be unpickled."""
-    for key in DEFERRED_KEYS:
-        if isinstance(attrs.get(key), (bytes, bytearray)):
-            attrs = dict(attrs)
-            for k in DEFERRED_KEYS:
-                v = attrs.get(k)
-                if isinstance(v, (bytes, bytearray)):
-                    attrs[k] = to_json(bytes(v))[0]
-            return attrs
-    return attrs
+    foreign = {k: to_json(bytes(v))[0] for k in DEFERRED_KEYS
+               if isinstance(v := attrs.get(k), (bytes, bytearray))}
+    return {**attrs, **foreign} if foreign else attrs
 
 
 class _Ctx:
