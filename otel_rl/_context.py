@@ -65,6 +65,11 @@ if _VAR is not None:
         span = _get().get(_SPAN_KEY)
         return span if span is not None and isinstance(span, _Span) else _INVALID
 
+    def current_raw() -> Any:
+        """What the current context holds under the span key (anything, or None): callers that recognise
+        their own span type by ``type(...) is`` read it without ``current_span``'s ABC check."""
+        return _get().get(_SPAN_KEY)
+
 else:  # another runtime context: the API's own calls (tests: test_another_runtime_context_goes_through_the_api)
 
     def attach_span(span: Any, base: Any = None) -> Token:
@@ -72,3 +77,6 @@ else:  # another runtime context: the API's own calls (tests: test_another_runti
 
     detach = otel_context.detach
     current_span = trace_api.get_current_span
+
+    def current_raw() -> Any:
+        return current_span()

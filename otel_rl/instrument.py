@@ -24,6 +24,7 @@ from opentelemetry.trace import Link, Status, StatusCode
 
 from . import semconv as sc
 from ._context import attach_span, current_span, detach
+from ._lightspan import CONTEXT_IS_TUPLE
 from ._pipeline import TrajectoryStat
 from ._runtime import RT, STEP, TRAJECTORY
 from ._token2text import extract_ids
@@ -49,6 +50,22 @@ def _record_exception(span: Any, exc: BaseException, timestamp: int | None = Non
         span.set_attribute(sc.ERROR_TYPE, type(exc).__qualname__)
     except Exception:  # pragma: no cover - never let telemetry raise
         pass
+
+
+#: the last link made ((span context, [Link to it])): every trajectory of a step links to the same step span
+_last_link: tuple[Any, list[Link]] | None = None
+
+
+def _links_to(ctx: Any) -> list[Link] | None:
+    """A one-link list to `ctx` (None for None); the Link object is reused while the target stays the
+    same (links are read, never changed; each span copies the list)."""
+    global _last_link
+    if ctx is None:
+        return None
+    last = _last_link
+    if last is None or last[0] is not ctx:
+        last = _last_link = (ctx, [Link(ctx)])
+    return last[1]
 
 
 def _link_target() -> Any:
@@ -248,8 +265,7 @@ class trajectory:
         st.t0 = _time_ns()
         if mode == SAMPLED:
             st.link = _link_target()
-            st.span = RT.light.start(name or sc.SPAN_TRAJECTORY, None, st.attributes(),
-                                     [Link(st.link)] if st.link is not None else None)
+            st.span = RT.light.start(name or sc.SPAN_TRAJECTORY, None, st.attributes(), _links_to(st.link))
             st.ctx_token = attach_span(st.span, _EMPTY_CONTEXT)
         st.var_token = TRAJECTORY.set(st)
         return st
@@ -412,7 +428,8 @@ def _finish_op_span(span: Any, meta: _OpMeta, result: Any, args: tuple) -> None:
             if tok is None and meta.is_method and args:
                 tok = getattr(args[0], "tokenizer", None)
             if tok is not None:
-                RT.pipeline.pending_decode[span.get_span_context().span_id] = (tok, *ids)
+                sid = span._context[1] if CONTEXT_IS_TUPLE else span._context.span_id
+                RT.pipeline.pending_decode[sid] = (tok, *ids)
 
 
 def _wrap(fn: Callable, meta: _OpMeta) -> Callable:

@@ -94,3 +94,59 @@ def test_another_runtime_context_goes_through_the_api(monkeypatch):
         monkeypatch.undo()
         importlib.reload(_context)
     assert _context.DIRECT
+
+
+def test_current_raw_is_what_the_context_holds_under_the_span_key():
+    a, _ = _spans()
+    assert _context.current_raw() is None
+    token = _context.attach_span(a)
+    try:
+        assert _context.current_raw() is a
+    finally:
+        _context.detach(token)
+    token = otel_context.attach(otel_context.set_value(_context._SPAN_KEY, "not a span"))
+    try:
+        assert _context.current_raw() == "not a span"  # unchecked: callers compare its type to their own
+        assert _context.current_span() is trace_api.INVALID_SPAN
+    finally:
+        otel_context.detach(token)
+
+
+def test_light_spans_start_under_whatever_span_is_current():
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+    from otel_rl._lightspan import LightTracer
+
+    light = LightTracer(lambda s: None, Resource.create({}), InstrumentationScope("t", "1"))
+    sdk_span, _ = _spans()
+    root = light.start_in_current("root", {})  # nothing current: the root of a new trace
+    assert root._parent is None and root.get_span_context().is_valid
+    token = _context.attach_span(root)
+    try:
+        child = light.start_in_current("child", {})  # under a light span (read as a tuple)
+    finally:
+        _context.detach(token)
+    assert child._parent is root.get_span_context()
+    assert child.get_span_context().trace_id == root.get_span_context().trace_id
+    assert child.get_span_context().span_id not in (0, root.get_span_context().span_id)
+    token = _context.attach_span(sdk_span)
+    try:
+        under_sdk = light.start_in_current("under-sdk", {})  # under an SDK span
+    finally:
+        _context.detach(token)
+    assert under_sdk._parent == sdk_span.get_span_context()
+    assert under_sdk.get_span_context().trace_id == sdk_span.get_span_context().trace_id
+    token = _context.attach_span(trace_api.NonRecordingSpan(trace_api.INVALID_SPAN_CONTEXT))
+    try:
+        orphan = light.start_in_current("orphan", {})  # under an invalid context: a new trace
+    finally:
+        _context.detach(token)
+    assert orphan._parent is None
+    assert orphan.get_span_context().trace_id not in (0, root.get_span_context().trace_id)
+    token = otel_context.attach(otel_context.set_value(_context._SPAN_KEY, "not a span"))
+    try:
+        stray = light.start_in_current("stray", {})  # something that is not a span: as if none
+    finally:
+        otel_context.detach(token)
+    assert stray._parent is None

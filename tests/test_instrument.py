@@ -590,6 +590,30 @@ def test_span_contexts_are_what_the_api_constructor_makes_and_propagate():
         back = trace_api.get_current_span(extract(headers)).get_span_context()
         assert (back.trace_id, back.span_id, back.is_remote) == (step_ctx.trace_id, step_ctx.span_id, True)
 
+def test_trajectories_of_consecutive_steps_link_each_to_their_own_step(cap):
+    for n in (1, 2, 2, 3):  # the same step twice: a new step span each time
+        with otel_rl.step(n):
+            for i in range(2):
+                with otel_rl.trajectory(sample_index=i):
+                    inner(0)
+    with otel_rl.trajectory(step=7, sample_index=0):  # outside any step: no link
+        inner(0)
+    cap.collect()
+    steps = cap.spans_named(sc.SPAN_STEP)
+    trajs = cap.spans_named(sc.SPAN_TRAJECTORY)
+    assert len(steps) == 4 and len(trajs) == 9
+    by_step_span = {}
+    for ts in trajs:
+        if ts.attributes[sc.RL_STEP] == 7:
+            assert ts.links == ()
+            continue
+        assert len(ts.links) == 1
+        by_step_span.setdefault(ts.links[0].context.span_id, []).append(ts.attributes[sc.RL_STEP])
+    assert sorted(by_step_span) == sorted(s.context.span_id for s in steps)
+    for s in steps:
+        assert by_step_span[s.context.span_id] == [s.attributes[sc.RL_STEP]] * 2
+
+
 def test_trajectory_explicit_attributes_validate_and_name(cap):
     with otel_rl.trajectory(step=9, sample_index=1, rollout_n=0, validate=True, name="my-rollout") as t:
         t.set_reward(0.75)
