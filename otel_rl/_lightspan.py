@@ -82,15 +82,14 @@ def _make_context_factory() -> tuple[Callable[[int, int], SpanContext], bool]:
     try:
         a, b = fast(0xABC, 0xDEF), slow(0xABC, 0xDEF)
         same = (a == b and (a.trace_id, a.span_id, a.is_remote, a.trace_flags, a.trace_state, a.is_valid)
-                == (b.trace_id, b.span_id, b.is_remote, b.trace_flags, b.trace_state, b.is_valid)
-                and a[5] is True and trace_api.INVALID_SPAN_CONTEXT[5] is False)
+                == (b.trace_id, b.span_id, b.is_remote, b.trace_flags, b.trace_state, b.is_valid))
     except Exception:  # pragma: no cover
         same = False
     return (fast, True) if same else (slow, False)
 
 
-#: CONTEXT_IS_TUPLE: a SpanContext is the tuple (trace_id, span_id, ..., is_valid), so `ctx[0]`, `ctx[1]`
-#: and `ctx[5]` read its ids and validity without the API's properties (checked by the factory)
+#: CONTEXT_IS_TUPLE: a SpanContext is the tuple (trace_id, span_id, ...), so `ctx[0]`, `ctx[1]` read its
+#: ids without the API's properties (checked by the factory)
 _new_context, CONTEXT_IS_TUPLE = _make_context_factory()
 
 
@@ -233,8 +232,8 @@ class LightTracer:
     def start(self, name: str, parent: SpanContext | None, attributes: dict[str, Any],
               links: Sequence[Link] | None = None, start_time: int | None = None) -> LightSpan:
         """A span under `parent` (same trace), or the root of a new trace when `parent` is None."""
-        if parent is not None and (parent[5] if CONTEXT_IS_TUPLE else parent.is_valid):
-            ctx = _new_context(parent[0] if CONTEXT_IS_TUPLE else parent.trace_id, _bits(64) or new_span_id())
+        if parent is not None and parent.is_valid:  # any SpanContext (a light span's children take the short path)
+            ctx = _new_context(parent.trace_id, _bits(64) or new_span_id())
         else:
             parent = None
             ctx = _new_context(_bits(128) or new_trace_id(), _bits(64) or new_span_id())
@@ -244,8 +243,8 @@ class LightTracer:
     def start_in_current(self, name: str, attributes: dict[str, Any]) -> LightSpan:
         """A span under the current span (OpenTelemetry's context), or a new trace's root if there is none."""
         span = current_raw()
-        if type(span) is LightSpan:  # the common case (an op inside an op or a trajectory): its context as is
-            parent = span._context
+        if type(span) is LightSpan:  # the common case (an op inside an op or a trajectory): its own context,
+            parent = span._context  # made by `_new_context`, valid
             ctx = _new_context(parent[0] if CONTEXT_IS_TUPLE else parent.trace_id, _bits(64) or new_span_id())
             return LightSpan(name, ctx, parent, attributes, None, _time_ns(), self._ended, self.resource, self.scope)
         return self.start(name, current_span().get_span_context(), attributes)
