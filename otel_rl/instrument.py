@@ -24,10 +24,9 @@ from opentelemetry.trace import Link, Status, StatusCode
 
 from . import semconv as sc
 from ._context import attach_span, current_span, detach
-from ._lightspan import CONTEXT_IS_TUPLE
 from ._pipeline import TrajectoryStat
 from ._runtime import RT, STEP, TRAJECTORY
-from ._token2text import extract_ids
+from ._token2text import _span_id, extract_ids
 from .serialize import snapshot, to_json
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -428,8 +427,7 @@ def _finish_op_span(span: Any, meta: _OpMeta, result: Any, args: tuple) -> None:
             if tok is None and meta.is_method and args:
                 tok = getattr(args[0], "tokenizer", None)
             if tok is not None:
-                sid = span._context[1] if CONTEXT_IS_TUPLE else span._context.span_id
-                RT.pipeline.pending_decode[sid] = (tok, *ids)
+                RT.pipeline.pending_decode[_span_id(span)] = (tok, *ids)
 
 
 def _wrap(fn: Callable, meta: _OpMeta) -> Callable:
