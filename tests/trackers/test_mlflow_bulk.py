@@ -192,6 +192,52 @@ def test_direct_writes_equal_mlflow_writes(tmp_path, monkeypatch):
     assert unwrapped and all('\\"nested\\"' in c and '\\\\"nested' not in c for c in unwrapped)
 
 
+@otel_rl.op
+def reply(n: int) -> dict:
+    # an op that names no model itself, whose output sometimes does: MLflow then takes it as the span's model
+    return {"model": "gpt-4o-mini", "text": f"r{n}"} if n % 2 else {"text": f"r{n}"}
+
+
+def test_spans_stored_without_mlflow_translation_are_what_mlflow_stores(tmp_path, monkeypatch):
+    """Spans of the exporter's own attributes skip MLflow's translation once it was seen to change
+    nothing for their signature; values it reads all the same (a model named in an output) send a
+    span through it again.  Both stores hold the same rows."""
+    cap = CaptureExporter()
+    h = otel_rl.init(project="bulk", experiment="e2", exporters=[cap], trace_backend="memory", batch_delay_s=0.02)
+    for n in range(8):
+        with otel_rl.step(n):
+            with otel_rl.trajectory(sample_index=0):
+                plan(f"q{n}")
+                generate([1, 2, n])
+                reply(n)
+    assert h.flush(60)
+    ident = RunIdentity(h.config.project, h.config.experiment, h.run_id)
+    h.shutdown()
+    trajs = cap.of_type(Trajectory)
+    assert len(trajs) == 8
+    fast_db, ref_db = tmp_path / "fast.db", tmp_path / "ref.db"
+    fast = export(f"sqlite:///{fast_db}", trajs, ident, batch=2)
+    writer = fast._bulk
+    assert writer.state == "on" and writer.fast_traces >= 6, (writer.mismatch, writer.fast_traces)
+    # root, plan, generate and the replies without a model: 4 spans of each directly written trajectory
+    # but the first of each signature; the replies naming a model went through the translation
+    assert writer.untranslated_spans >= 6 * 3, writer.untranslated_spans
+    fast_run = next(iter(fast.runs.values())).run_id
+    fast.shutdown()
+    monkeypatch.setenv(_bulk.ENV_BULK, "false")
+    ref = export(f"sqlite:///{ref_db}", trajs, ident, batch=2)
+    ref_run = next(iter(ref.runs.values())).run_id
+    ref.shutdown()
+    ids = ids_of(trajs)
+    got = trace_rows(str(fast_db), ids, {fast_run: "<run>"})
+    want = trace_rows(str(ref_db), ids, {ref_run: "<run>"})
+    assert got == want
+    con = sqlite3.connect(ref_db)
+    models = con.execute("SELECT model_name FROM spans WHERE name = 'reply'").fetchall()
+    con.close()
+    assert sorted(m for (m,) in models if m) == ["gpt-4o-mini"] * 4
+
+
 def test_rows_computed_ahead_are_the_rows_mlflow_writes(tmp_path, monkeypatch):
     """`prepare` (called while the exporter's queue gathers a delivery) builds the MLflow spans and the
     direct writer's rows ahead; the delivery writes exactly those, and the store holds what MLflow

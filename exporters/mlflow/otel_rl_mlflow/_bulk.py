@@ -28,6 +28,7 @@ It checks itself against MLflow before it is trusted, on the store it writes to:
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import os
@@ -129,6 +130,11 @@ class BulkTraceWriter(SqliteWriter):
         # rows computed ahead of their delivery (`prepare`): trace id -> (experiment id, run id, rows)
         self._ahead: dict[str, tuple[str, str, Rows]] = {}
         self.prepared_traces = 0  # of fast_traces, written from rows computed ahead
+        # span signature (`_signature`) -> whether MLflow's translation leaves such spans as they are
+        self._unchanged: dict[tuple, bool] = {}
+        self.untranslated_spans = 0  # spans whose content was taken as it is (see `_content`)
+        # the models MLflow's cost lookup found no price for (filled as the translation runs)
+        self._unpriced: set[str] = getattr(helpers["translate_span_when_storing"], "unpriced", set())
 
     # -- construction ----------------------------------------------------------------------
     @classmethod
@@ -263,15 +269,27 @@ class BulkTraceWriter(SqliteWriter):
             session_id = user_id = root_dict = None
             user_tags: dict[str, str] = {}
             for span in spans:
-                d = translate(span)
+                d = self._content(span, translate)
+                if d is None:
+                    d = translate(span)
+                    sid, pid, stype = span.span_id, span.parent_id, span.span_type
+                    status = _status_text(span.status.status_code)
+                    content = json.dumps(d, cls=encoder, ensure_ascii=False)
+                else:
+                    otel = span._span
+                    sid = "%016x" % otel.context.span_id
+                    pid = None if otel.parent is None else "%016x" % otel.parent.span_id
+                    stype = _loads(d["attributes"][_SPAN_TYPE])
+                    status = otel.status.status_code.name
+                    content = _plain_dumps(d)  # only JSON types in it: what TraceJSONEncoder gives
                 attrs = d.get("attributes", {})
-                usage_nodes.append(node(span.span_id, span.parent_id, attrs, key.CHAT_USAGE))
-                cost_nodes.append(node(span.span_id, span.parent_id, attrs, key.LLM_COST))
+                usage_nodes.append(node(sid, pid, attrs, key.CHAT_USAGE))
+                cost_nodes.append(node(sid, pid, attrs, key.LLM_COST))
                 span_cost = None
                 if attrs:
-                    if session_id is None and (sid := (attrs.get(key.SESSION_ID)
-                                                       or attrs.get(h["GenAiSemconvKey"].CONVERSATION_ID))):
-                        session_id = h["validate_session_id"](parse(sid))
+                    if session_id is None and (sess := (attrs.get(key.SESSION_ID)
+                                                        or attrs.get(h["GenAiSemconvKey"].CONVERSATION_ID))):
+                        session_id = h["validate_session_id"](parse(sess))
                     if user_id is None and (uid := attrs.get("user.id")):
                         user_id = parse(uid)
                     span_cost = attrs.get(key.LLM_COST)
@@ -282,17 +300,16 @@ class BulkTraceWriter(SqliteWriter):
                     except (TypeError, ValueError):
                         costs = {}
                 out.tables["spans"].append({
-                    "trace_id": span.trace_id, "experiment_id": exp_int, "span_id": span.span_id,
-                    "parent_span_id": span.parent_id, "name": span.name, "type": span.span_type,
-                    "status": _status_text(span.status.status_code),
-                    "start_time_unix_nano": span.start_time_ns, "end_time_unix_nano": span.end_time_ns,
-                    "content": json.dumps(d, cls=encoder, ensure_ascii=False),
+                    "trace_id": tid, "experiment_id": exp_int, "span_id": sid,
+                    "parent_span_id": pid, "name": d["name"], "type": stype, "status": status,
+                    "start_time_unix_nano": d["start_time_unix_nano"], "end_time_unix_nano": d["end_time_unix_nano"],
+                    "content": content,
                     "input_cost": finite(costs.get("input_cost")), "output_cost": finite(costs.get("output_cost")),
                     "total_cost": finite(costs.get("total_cost")),
                     "model_name": bounded(parse(attrs.get(key.MODEL))),
                     "model_provider": bounded(parse(attrs.get(key.MODEL_PROVIDER))),
                 })
-                if span.parent_id is None:
+                if pid is None:
                     root_dict = d
                     for k, v in attrs.items():
                         if k.startswith(prefix):
@@ -354,6 +371,59 @@ class BulkTraceWriter(SqliteWriter):
                 "association_id": uuid.uuid4().hex, "source_type": et.TRACE, "source_id": tid,
                 "destination_type": et.RUN, "destination_id": run_id, "created_time": now})
         return out
+
+    def _content(self, span: Any, translate: Callable[[Any], dict[str, Any]]) -> dict[str, Any] | None:
+        """The span's dict as ``translate_span_when_storing`` returns it, built without it where the
+        translation is known to change nothing; None where it must run.
+
+        Only for spans whose attribute keys are all ones this exporter writes itself (`_OWN_KEYS`,
+        ``rl.*``, ``mlflow.traceTag.*``), without events or links, of a known span type -- the
+        translation then has nothing to add: the exporter already wrote the inputs, outputs, token
+        usage and model MLflow would derive.  What is left that depends on values is checked on each
+        span: a model name MLflow would find in the inputs or outputs (when the span names none), and
+        a cost MLflow would compute (a model with token usage: only a model MLflow found no price for).
+        The first span of each signature (keys, type, model, the GenAI names) is translated all the
+        same and compared; a signature whose translation changed anything is always translated."""
+        otel = span._span
+        attrs = otel.attributes
+        if not attrs or otel.events or otel.links:
+            return None
+        sig = _signature(attrs)
+        if sig is None:
+            return None
+        known = self._unchanged.get(sig)
+        if known is False:
+            return None
+        if _MODEL in attrs:
+            if _USAGE in attrs and _model_name(attrs[_MODEL]) not in self._unpriced:
+                return None  # MLflow may price it
+        elif "model" in (attrs.get(_INPUTS) or "") or "model" in (attrs.get(_OUTPUTS) or ""):
+            return None  # MLflow may take a model name from them
+        ctx = otel.context
+        parent = otel.parent
+        status = otel.status
+        d = {
+            "trace_id": _b64(ctx.trace_id.to_bytes(16, "big")).decode(),
+            "span_id": _b64(ctx.span_id.to_bytes(8, "big")).decode(),
+            "parent_span_id": None if parent is None else _b64(parent.span_id.to_bytes(8, "big")).decode(),
+            "name": otel.name,
+            "start_time_unix_nano": otel.start_time,
+            "end_time_unix_nano": otel.end_time,
+            "events": [],
+            "status": {"code": "STATUS_CODE_" + status.status_code.name, "message": status.description or ""},
+            "attributes": quick_sanitize(attrs),
+            "links": [],
+        }
+        if known is None:
+            try:
+                same = translate(span) == d
+            except Exception:
+                same = False
+            self._unchanged[sig] = same
+            if not same:
+                return None
+        self.untranslated_spans += 1
+        return d
 
     # -- sqlite ------------------------------------------------------------------------------
     def _existing(self, trace_ids: list[str]) -> set[str]:
@@ -541,9 +611,52 @@ def writer_translation(translate: Callable[[Any], dict[str, Any]]) -> Callable[[
     scope = dict(translate.__globals__)
     scope["sanitize_attributes"] = quick_sanitize
     calculate = scope.get("calculate_cost_by_model_and_token_usage")
+    remembered = None
     if "calculate_cost_by_model_and_token_usage" in code.co_names and callable(calculate):
-        scope["calculate_cost_by_model_and_token_usage"] = unpriced_models_remembered(calculate)
-    return types.FunctionType(code, scope, translate.__name__, translate.__defaults__)
+        remembered = scope["calculate_cost_by_model_and_token_usage"] = unpriced_models_remembered(calculate)
+    fn = types.FunctionType(code, scope, translate.__name__, translate.__defaults__)
+    if remembered is not None:
+        fn.unpriced = remembered.unpriced  # type: ignore[attr-defined]
+    return fn
+
+
+# -- spans whose translation changes nothing (`BulkTraceWriter._content`) -----------------------------
+_SPAN_TYPE = "mlflow.spanType"
+_INPUTS = "mlflow.spanInputs"
+_OUTPUTS = "mlflow.spanOutputs"
+_USAGE = "mlflow.chat.tokenUsage"
+_MODEL = "mlflow.llm.model"
+#: the attribute keys the exporter writes (otel_rl_mlflow._traces) besides rl.* and mlflow.traceTag.*
+_OWN_KEYS = frozenset({
+    "mlflow.traceRequestId", _SPAN_TYPE, _INPUTS, _OUTPUTS, _USAGE, _MODEL,
+    "gen_ai.operation.name", "gen_ai.request.model", "gen_ai.response.model", "gen_ai.usage.input_tokens",
+    "gen_ai.usage.output_tokens", "gen_ai.tool.name", "gen_ai.tool.type", "gen_ai.tool.call.id",
+})
+#: GenAI attributes whose values (names, not counts or ids) are part of a span's signature
+_NAMED = ("gen_ai.operation.name", "gen_ai.request.model", "gen_ai.response.model", "gen_ai.tool.name",
+          "gen_ai.tool.type")
+_b64 = base64.b64encode
+_loads = json.loads
+_plain_dumps = json.JSONEncoder(ensure_ascii=False).encode
+
+
+def _model_name(text: str) -> Any:
+    try:
+        return _loads(text)
+    except ValueError:
+        return None
+
+
+def _signature(attrs: Any) -> tuple | None:
+    """What MLflow's translation of a span of the exporter's own keys depends on, or None for a span
+    with other keys (or no span type, or an unknown one: MLflow would look for one)."""
+    for k in attrs:
+        if k not in _OWN_KEYS and not k.startswith(("rl.", "mlflow.traceTag.")):
+            return None
+    stype = attrs.get(_SPAN_TYPE)
+    if not stype or stype == '"UNKNOWN"':
+        return None
+    return (tuple(attrs), stype, attrs.get(_MODEL), *(attrs.get(k) for k in _NAMED))
 
 
 def _status_text(code: Any) -> str:
