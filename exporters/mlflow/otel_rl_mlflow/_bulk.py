@@ -663,16 +663,19 @@ def _status_text(code: Any) -> str:
     return getattr(code, "value", code)
 
 
-def _shape(spans: Sequence[Any]) -> tuple:
+def _shape(spans: Sequence[Any]) -> frozenset:
     """What makes MLflow's treatment of a trajectory differ: its spans' kinds, statuses, attribute keys,
-    event names and models (values of other attributes only become JSON text)."""
-    parts = []
+    event names and models (values of other attributes only become JSON text), as a multiset (the
+    order of the spans does not matter)."""
+    parts: dict[tuple, int] = {}
     for s in spans:
-        attrs = s._span.attributes or {}
-        events = tuple(e.name for e in (s._span.events or ()))
-        parts.append((s.name, s.parent_id is None, s.span_type, _status_text(s.status.status_code),
-                      tuple(sorted(attrs)), events, attrs.get("mlflow.llm.model"), attrs.get("mlflow.llm.provider")))
-    return tuple(sorted(parts, key=repr))
+        otel = s._span
+        attrs = otel.attributes or {}
+        part = (otel.name, otel.parent is None, attrs.get(_SPAN_TYPE), otel.status.status_code.name,
+                frozenset(attrs), tuple(e.name for e in otel.events) if otel.events else (),
+                attrs.get(_MODEL), attrs.get("mlflow.llm.provider"))
+        parts[part] = parts.get(part, 0) + 1
+    return frozenset(parts.items())
 
 
 def _mlflow_version() -> str:

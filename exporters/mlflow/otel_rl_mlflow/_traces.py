@@ -65,8 +65,22 @@ def mlflow_trace_id(otel_trace_id: int) -> str:
     return "tr-%032x" % otel_trace_id
 
 
+#: JSON texts of short scalar values, which repeat from span to span (kinds, names, models, steps)
+_SCALARS: dict[tuple[type, Any], str] = {}
+_SCALARS_MAX = 4096
+
+
 def _attr(value: Any) -> str:
-    if isinstance(value, tuple):
+    t = type(value)
+    if t is str and len(value) <= 64 or t is int or t is bool:
+        key = (t, value)
+        text = _SCALARS.get(key)
+        if text is None:
+            if len(_SCALARS) >= _SCALARS_MAX:
+                _SCALARS.clear()
+            text = _SCALARS[key] = _dumps(value)
+        return text
+    if t is tuple:
         value = list(value)
     try:
         return _dumps(value)
