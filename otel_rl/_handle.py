@@ -19,7 +19,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from . import semconv as sc
 from ._instruments import Instruments, views
-from ._lightspan import LightTracer
+from ._lightspan import LightTracer, TimeOrderedIds
 from ._pipeline import GenerationsItem, LogItem, Pipeline, make_span_processor
 from ._runtime import RT, STEP
 from ._sidecar import IN_EXPORT_PROCESS as _IN_EXPORT_PROCESS
@@ -74,7 +74,7 @@ class Handle:
                                   lambda: self._pipeline.queues if self._pipeline else []) if readers else None
         self._pipeline = Pipeline(cfg, self.resource, [e for e in exporters if not getattr(e, "remote", False)],
                                   instruments, scope, remote=self._sidecar)
-        self.tracer_provider = TracerProvider(resource=self.resource)
+        self.tracer_provider = TracerProvider(resource=self.resource, id_generator=TimeOrderedIds())
         own = make_span_processor(self._pipeline)
         self.tracer_provider.add_span_processor(own)
         self.tracer = self.tracer_provider.get_tracer("otel_rl", __version__)

@@ -26,6 +26,7 @@ from typing import Any
 
 from opentelemetry import trace as trace_api
 from opentelemetry.sdk.trace import Event, ReadableSpan
+from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from ._context import current_raw, current_span
@@ -51,11 +52,24 @@ def new_span_id() -> int:
     return sid
 
 
-def new_trace_id() -> int:
-    tid = _bits(128)
-    while not tid:  # pragma: no cover
-        tid = _bits(128)
-    return tid
+def new_trace_id(now_ns: int | None = None) -> int:
+    """A new trace's id: the milliseconds since the epoch in its first 48 bits (at `now_ns`, else now),
+    80 random bits after them -- the layout of a UUIDv7.  The trace ids of a run then sort by time, and
+    stores that index them (MLflow's trace tables) add each new trace at the end of their indexes
+    rather than at a random place (fewer pages touched per insert).  W3C Trace Context asks for the
+    right-most 7 bytes to be random; samplers that read a trace id read its low 64 bits."""
+    ms = (_time_ns() if now_ns is None else now_ns) // 1_000_000
+    return ((ms & 0xFFFF_FFFF_FFFF) << 80) | (_bits(80) or 1)
+
+
+class TimeOrderedIds(IdGenerator):
+    """The SDK provider's ids, laid out as the light spans' (`new_trace_id`)."""
+
+    def generate_span_id(self) -> int:
+        return new_span_id()
+
+    def generate_trace_id(self) -> int:
+        return new_trace_id()
 
 
 def _clean(key: str, value: Any) -> Any:
@@ -236,7 +250,9 @@ class LightTracer:
             ctx = _new_context(parent.trace_id, _bits(64) or new_span_id())
         else:
             parent = None
-            ctx = _new_context(_bits(128) or new_trace_id(), _bits(64) or new_span_id())
+            if start_time is None:
+                start_time = _time_ns()
+            ctx = _new_context(new_trace_id(start_time), _bits(64) or new_span_id())
         return LightSpan(name, ctx, parent, attributes, links, start_time if start_time is not None else _time_ns(),
                          self._ended, self.resource, self.scope)
 

@@ -30,12 +30,11 @@ from typing import Any
 
 from opentelemetry import trace as trace_api
 from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, TraceFlags
 
 from . import semconv as sc
-from ._lightspan import LightSpan
+from ._lightspan import LightSpan, TimeOrderedIds
 from ._values import warn_once
 from ._wire import pack, unpack
 from .records import Record, RecordBuilder, Trajectory, is_record_span
@@ -819,7 +818,7 @@ class Pipeline:
         self._batch_wake = 512
         self._max_items = config.queue_size
         self.dropped = 0
-        self._ids = RandomIdGenerator()
+        self._ids = TimeOrderedIds()
         self._builder = RecordBuilder()
         self._takeover: Receiver | None = None
         self._resource_attrs = dict(resource.attributes) if resource is not None else {}

@@ -614,6 +614,42 @@ def test_trajectories_of_consecutive_steps_link_each_to_their_own_step(cap):
         assert by_step_span[s.context.span_id] == [s.attributes[sc.RL_STEP]] * 2
 
 
+def test_trace_ids_begin_with_the_time_and_end_random():
+    """Every trace otel-rl starts (trajectories, steps, an unsampled trajectory kept for its error, the
+    run's own spans) has the milliseconds of its start in the first 48 bits of its id and 80 random
+    bits after them: ids sort by time; no two are alike."""
+    with capture(max_samples_per_step_per_worker=1) as cap:
+        t0 = time.time_ns() // 1_000_000
+        for n in range(3):
+            with otel_rl.step(n):
+                for i in range(3):
+                    try:
+                        with otel_rl.trajectory(sample_index=i):  # one sample traced, the others not
+                            inner(i)
+                            if i == 2:
+                                raise RuntimeError("kept for its error")
+                    except RuntimeError:
+                        pass
+                time.sleep(0.003)
+        otel_rl.log({"x": 1.0}, step=0)
+        cap.collect()
+        t1 = time.time_ns() // 1_000_000
+    roots = [s for s in cap.spans if s.parent is None]
+    assert {sc.SPAN_STEP, sc.SPAN_TRAJECTORY, sc.SPAN_LOG} <= {s.name for s in roots}
+    assert any(s.attributes.get(sc.RL_SAMPLED) is False for s in roots)  # a kept error's root (an SDK span)
+    ids = [s.context.trace_id for s in roots]
+    assert len(set(ids)) == len(ids)
+    for s in roots:
+        ms = s.context.trace_id >> 80
+        assert t0 <= ms <= t1, (s.name, ms, t0, t1)
+        if s.name != sc.SPAN_LOG:  # (a log() record's span is made when the pipeline takes it)
+            assert ms == s.start_time // 1_000_000, s.name
+    low = [i & ((1 << 80) - 1) for i in ids]
+    assert len(set(low)) == len(low) and len({x >> 72 for x in low}) > 1  # the random part varies
+    steps = sorted((s.attributes[sc.RL_STEP], s.context.trace_id) for s in roots if s.name == sc.SPAN_STEP)
+    assert [t for _, t in steps] == sorted(t for _, t in steps)  # later steps, larger ids
+
+
 def test_trajectory_explicit_attributes_validate_and_name(cap):
     with otel_rl.trajectory(step=9, sample_index=1, rollout_n=0, validate=True, name="my-rollout") as t:
         t.set_reward(0.75)

@@ -550,3 +550,17 @@ def test_a_retried_delivery_resumes_where_it_failed(tmp_path):
     run = next(iter(exp.runs.values()))
     exp.shutdown()
     assert sorted(linked_ids(path, run)) == sorted(ids_of(trajs))
+
+
+def test_attribute_texts_of_repeated_scalars_are_their_json():
+    """Short scalar attribute values keep their JSON text (kinds, names, steps repeat from span to span);
+    a value equal to another of another type (True and 1, 1 and 1.0) keeps its own; the memory is bounded."""
+    from otel_rl_mlflow import _traces
+
+    values = [True, 1, 1.0, "1", 0, False, "LLM", "数学", "x" * 65, (1, "a"), None, 2 ** 70, float("nan")]
+    want = [json.dumps(list(v) if isinstance(v, tuple) else v, ensure_ascii=False) for v in values]
+    for _ in range(2):  # computed, then remembered
+        assert [_traces._attr(v) for v in values] == want
+    for i in range(_traces._SCALARS_MAX + 10):
+        assert _traces._attr(f"k{i}") == f'"k{i}"'
+    assert len(_traces._SCALARS) <= _traces._SCALARS_MAX
