@@ -157,9 +157,8 @@ class BulkTraceWriter(SqliteWriter):
                 "TOKEN_COLUMN_BY_KEY", "COST_COLUMN_BY_KEY", "_validate_trace_tag", "validate_trace_name",
                 "append_to_uri_path", "SpanAttributeKey", "GenAiSemconvKey", "TraceTagKey", "TraceMetadataKey",
                 "SpansLocation", "TraceState", "MLFLOW_ARTIFACT_LOCATION", "SqlTraceInfo")}
-            for name in ("_update_trace_info_attributes", "_get_trace_status_from_root_span"):
-                if not callable(getattr(store, name, None)):
-                    return None
+            if not callable(getattr(store, "_update_trace_info_attributes", None)):
+                return None
             from mlflow.entities.entity_type import EntityAssociationType
             from mlflow.utils.time import get_current_time_millis
 
@@ -176,7 +175,8 @@ class BulkTraceWriter(SqliteWriter):
     # -- the entry point -------------------------------------------------------------------
     def log(self, experiment_id: str, run_id: str, traces: Sequence[tuple[str, list[Any]]],
             mlflow_write: Callable[[list[Any], list[str]], None], max_per_call: int = 100) -> None:
-        """Store `traces` ((MLflow trace id, MLflow spans) each) of one experiment, linked to `run_id`.
+        """Store `traces` ((MLflow trace id, its spans as `otel_rl_mlflow._traces.RowSpan`s) each) of one
+        experiment, linked to `run_id`.
         `mlflow_write(spans, trace_ids)` is MLflow's own way (log_spans + link_traces_to_run), called
         with at most `max_per_call` traces at a time; the direct writer takes all of its traces in one
         transaction."""
@@ -233,7 +233,7 @@ class BulkTraceWriter(SqliteWriter):
 
     def _by_mlflow(self, traces: Sequence[tuple[str, list[Any]]],
                    mlflow_write: Callable[[list[Any], list[str]], None]) -> None:
-        mlflow_write([s for _, spans in traces for s in spans], [tid for tid, _ in traces])
+        mlflow_write([s.mlflow() for _, spans in traces for s in spans], [tid for tid, _ in traces])
         self.mlflow_traces += len(traces)
 
     # -- rows --------------------------------------------------------------------------------
@@ -260,27 +260,30 @@ class BulkTraceWriter(SqliteWriter):
         artifact_root = self._artifact_location(experiment_id)
         prefix = key.TRACE_TAG_PREFIX
         now = h["now_ms"]()
+        state = h["TraceState"]
         for tid, spans in traces:
-            min_start_ms = min(s.start_time_ns for s in spans) // 1_000_000
-            ends = [s.end_time_ns for s in spans if s.end_time_ns is not None]
+            min_start_ms = min(s.start_ns for s in spans) // 1_000_000
+            ends = [s.end_ns for s in spans if s.end_ns is not None]
             max_end_ms = max(ends) // 1_000_000 if ends else None
-            root_status = self.store._get_trace_status_from_root_span(spans)
+            root = next((s for s in spans if s.parent_span_id is None), None)  # as MLflow reads the status
+            root_status = None if root is None else (state.ERROR.value if root.status_code == "ERROR"
+                                                     else state.OK.value)
             usage_nodes, cost_nodes = [], []
             session_id = user_id = root_dict = None
             user_tags: dict[str, str] = {}
             for span in spans:
                 d = self._content(span, translate)
                 if d is None:
-                    d = translate(span)
-                    sid, pid, stype = span.span_id, span.parent_id, span.span_type
-                    status = _status_text(span.status.status_code)
+                    m = span.mlflow()
+                    d = translate(m)
+                    sid, pid, stype = m.span_id, m.parent_id, m.span_type
+                    status = _status_text(m.status.status_code)
                     content = json.dumps(d, cls=encoder, ensure_ascii=False)
                 else:
-                    otel = span._span
-                    sid = "%016x" % otel.context.span_id
-                    pid = None if otel.parent is None else "%016x" % otel.parent.span_id
+                    sid = "%016x" % span.span_id
+                    pid = None if span.parent_span_id is None else "%016x" % span.parent_span_id
                     stype = _loads(d["attributes"][_SPAN_TYPE])
-                    status = otel.status.status_code.name
+                    status = span.status_code
                     content = _plain_dumps(d)  # only JSON types in it: what TraceJSONEncoder gives
                 attrs = d.get("attributes", {})
                 usage_nodes.append(node(sid, pid, attrs, key.CHAT_USAGE))
@@ -347,18 +350,8 @@ class BulkTraceWriter(SqliteWriter):
             out.tables["trace_info"].append(info)
             tags = {h["MLFLOW_ARTIFACT_LOCATION"]: h["append_to_uri_path"](artifact_root, "traces", tid, "artifacts"),
                     tag_key.SPANS_LOCATION: h["SpansLocation"].TRACKING_STORE.value}
-            for span in spans:  # OTel resource attributes, as log_spans stores them
-                res = getattr(getattr(span, "_span", None), "resource", None)
-                if res is not None and res.attributes:
-                    for k, v in res.attributes.items():
-                        if k.startswith(("telemetry.sdk.", "mlflow.")):
-                            continue
-                        try:
-                            k, v = validate_tag(k, v if isinstance(v, str) else json.dumps(v))
-                        except Exception:
-                            continue
-                        tags[k] = v
-                    break
+            # (log_spans also stores the OTel resource attributes of the spans as tags: the exporter's
+            # MLflow spans have none, see otel_rl_mlflow._traces.SpanBuilder)
             for k, v in user_tags.items():
                 if k != tag_key.TRACE_NAME:
                     tags[k] = v
@@ -377,16 +370,15 @@ class BulkTraceWriter(SqliteWriter):
         translation is known to change nothing; None where it must run.
 
         Only for spans whose attribute keys are all ones this exporter writes itself (`_OWN_KEYS`,
-        ``rl.*``, ``mlflow.traceTag.*``), without events or links, of a known span type -- the
+        ``rl.*``, ``mlflow.traceTag.*``), without events, of a known span type -- the
         translation then has nothing to add: the exporter already wrote the inputs, outputs, token
         usage and model MLflow would derive.  What is left that depends on values is checked on each
         span: a model name MLflow would find in the inputs or outputs (when the span names none), and
         a cost MLflow would compute (a model with token usage: only a model MLflow found no price for).
         The first span of each signature (keys, type, model, the GenAI names) is translated all the
         same and compared; a signature whose translation changed anything is always translated."""
-        otel = span._span
-        attrs = otel.attributes
-        if not attrs or otel.events or otel.links:
+        attrs = span.attributes
+        if not attrs or span.events:
             return None
         sig = _signature(attrs)
         if sig is None:
@@ -399,24 +391,22 @@ class BulkTraceWriter(SqliteWriter):
                 return None  # MLflow may price it
         elif "model" in (attrs.get(_INPUTS) or "") or "model" in (attrs.get(_OUTPUTS) or ""):
             return None  # MLflow may take a model name from them
-        ctx = otel.context
-        parent = otel.parent
-        status = otel.status
+        parent = span.parent_span_id
         d = {
-            "trace_id": _b64(ctx.trace_id.to_bytes(16, "big")).decode(),
-            "span_id": _b64(ctx.span_id.to_bytes(8, "big")).decode(),
-            "parent_span_id": None if parent is None else _b64(parent.span_id.to_bytes(8, "big")).decode(),
-            "name": otel.name,
-            "start_time_unix_nano": otel.start_time,
-            "end_time_unix_nano": otel.end_time,
+            "trace_id": _b64(span.trace_id.to_bytes(16, "big")).decode(),
+            "span_id": _b64(span.span_id.to_bytes(8, "big")).decode(),
+            "parent_span_id": None if parent is None else _b64(parent.to_bytes(8, "big")).decode(),
+            "name": span.name,
+            "start_time_unix_nano": span.start_ns,
+            "end_time_unix_nano": span.end_ns,
             "events": [],
-            "status": {"code": "STATUS_CODE_" + status.status_code.name, "message": status.description or ""},
+            "status": {"code": "STATUS_CODE_" + span.status_code, "message": span.status_message or ""},
             "attributes": quick_sanitize(attrs),
             "links": [],
         }
         if known is None:
             try:
-                same = translate(span) == d
+                same = translate(span.mlflow()) == d
             except Exception:
                 same = False
             self._unchanged[sig] = same
@@ -669,11 +659,9 @@ def _shape(spans: Sequence[Any]) -> frozenset:
     order of the spans does not matter)."""
     parts: dict[tuple, int] = {}
     for s in spans:
-        otel = s._span
-        attrs = otel.attributes or {}
-        part = (otel.name, otel.parent is None, attrs.get(_SPAN_TYPE), otel.status.status_code.name,
-                frozenset(attrs), tuple(e.name for e in otel.events) if otel.events else (),
-                attrs.get(_MODEL), attrs.get("mlflow.llm.provider"))
+        attrs = s.attributes
+        part = (s.name, s.parent_span_id is None, attrs.get(_SPAN_TYPE), s.status_code, frozenset(attrs),
+                tuple(e[0] for e in s.events), attrs.get(_MODEL), attrs.get("mlflow.llm.provider"))
         parts[part] = parts.get(part, 0) + 1
     return frozenset(parts.items())
 

@@ -251,7 +251,7 @@ class MlflowExporter(TrackerExporter):
         self._log_spans_supported = True
         self._bulk: Any = None  # _bulk.BulkTraceWriter, False (not applicable), None (not looked at)
         self._bulk_metrics: Any = None  # _bulk_metrics.BulkMetricWriter, False, None: the same
-        self._ahead: dict[int, list[Any]] = {}  # trace id -> its MLflow spans, built by `prepare`
+        self._ahead: dict[int, list[Any]] = {}  # trace id -> its spans (`_traces.RowSpan`), built by `prepare`
 
     # -- clients ------------------------------------------------------------------------
     def _clients(self) -> tuple[Any, Any]:
@@ -623,7 +623,7 @@ class MlflowExporter(TrackerExporter):
                          lambda spans, tids: self._log_spans(client, tracing, handle, spans, tids, trajs),
                          max_per_call=MAX_TRACES_PER_CALL)
                 return
-        self._log_spans(client, tracing, handle, [s for g in groups for s in g], ids, trajs)
+        self._log_spans(client, tracing, handle, [s.mlflow() for g in groups for s in g], ids, trajs)
 
     def _bulk_writer(self, tracing: Any) -> Any:
         """The direct sqlite trace writer for this store (`_bulk`), or None."""

@@ -105,8 +105,40 @@ def trace_tags(t: Trajectory) -> dict[str, str]:
     return tags
 
 
+class RowSpan:
+    """One span of a trajectory as the MLflow exporter stores it: its ids, times, status, events and its
+    attributes already in MLflow's form (JSON texts).  The direct trace writer (`otel_rl_mlflow._bulk`)
+    reads these fields; `mlflow()` makes the MLflow `Span` that MLflow's own calls take."""
+
+    __slots__ = ("builder", "trace_id", "span_id", "parent_span_id", "name", "attributes", "events", "status_code",
+                 "status_message", "start_ns", "end_ns", "_mlflow")
+
+    def __init__(self, builder: SpanBuilder, trace_id: int, span_id: int, parent_span_id: int | None, name: str,
+                 attributes: dict[str, str], events: list[tuple[str, dict, int | None]], status_code: str,
+                 status_message: str | None, start_ns: int, end_ns: int):
+        self.builder = builder
+        self.trace_id = trace_id
+        self.span_id = span_id
+        self.parent_span_id = parent_span_id
+        self.name = name
+        self.attributes = attributes
+        self.events = events
+        self.status_code = status_code  # UNSET, OK or ERROR
+        self.status_message = status_message  # kept with ERROR only, as OpenTelemetry's Status does
+        self.start_ns = start_ns
+        self.end_ns = end_ns
+        self._mlflow: Any = None
+
+    def mlflow(self) -> Any:
+        """The MLflow `Span` (made once)."""
+        if self._mlflow is None:
+            self._mlflow = self.builder.mlflow_span(self)
+        return self._mlflow
+
+
 class SpanBuilder:
-    """Builds MLflow `Span`s; holds the imported classes (imported on first use)."""
+    """Builds a trajectory's `RowSpan`s, and MLflow `Span`s from them; holds the imported classes
+    (imported on first use)."""
 
     def __init__(self) -> None:
         from mlflow.entities import Span
@@ -124,33 +156,43 @@ class SpanBuilder:
         # no resource attributes: the store would write each one as a tag of every trace
         self._resource = Resource({})
 
-    def spans(self, t: Trajectory) -> list[Any]:
+    def spans(self, t: Trajectory) -> list[RowSpan]:
         tid = t.trace_id
         request_id = _dumps(mlflow_trace_id(tid))
         root_tags = {ATTR_TRACE_TAG_PREFIX + k: _dumps(v) for k, v in trace_tags(t).items()}
         out = []
-        ctx_cls, flags = self._SpanContext, self._flags
         for node in t.root.walk():
             attrs = self._attributes(node, request_id)
             if node is t.root:
                 attrs.update(root_tags)
                 parent = None  # a partial trajectory's stand-in root has a parent we never saw
             else:
-                parent = ctx_cls(tid, node.parent_id, False, flags) if node.parent_id is not None else None
-            events = [self._Event(e["name"], e.get("attributes") or {}, e.get("time_ns")) for e in node.events]
-            otel = self._ReadableSpan(
-                name=node.name,
-                context=ctx_cls(tid, node.span_id, False, flags),
-                parent=parent,
-                resource=self._resource,
-                attributes=attrs,
-                events=events,
-                status=self._Status(self._codes.get(node.status, self._codes["UNSET"]), node.status_message),
-                start_time=node.start_ns,
-                end_time=node.end_ns or node.start_ns,
-            )
-            out.append(self._Span(otel))
+                parent = node.parent_id
+            code = node.status if node.status in ("OK", "ERROR") else "UNSET"
+            out.append(RowSpan(self, tid, node.span_id, parent, node.name, attrs,
+                               [(e["name"], e.get("attributes") or {}, e.get("time_ns")) for e in node.events]
+                               if node.events else [],
+                               code, node.status_message if code == "ERROR" else None,
+                               node.start_ns, node.end_ns or node.start_ns))
         return out
+
+    def mlflow_spans(self, t: Trajectory) -> list[Any]:
+        return [s.mlflow() for s in self.spans(t)]
+
+    def mlflow_span(self, s: RowSpan) -> Any:
+        ctx_cls, flags = self._SpanContext, self._flags
+        otel = self._ReadableSpan(
+            name=s.name,
+            context=ctx_cls(s.trace_id, s.span_id, False, flags),
+            parent=ctx_cls(s.trace_id, s.parent_span_id, False, flags) if s.parent_span_id is not None else None,
+            resource=self._resource,
+            attributes=s.attributes,
+            events=[self._Event(name, attrs, time_ns) for name, attrs, time_ns in s.events],
+            status=self._Status(self._codes[s.status_code], s.status_message),
+            start_time=s.start_ns,
+            end_time=s.end_ns,
+        )
+        return self._Span(otel)
 
     @staticmethod
     def _attributes(node: SpanNode, request_id: str) -> dict[str, str]:
