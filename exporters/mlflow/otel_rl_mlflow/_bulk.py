@@ -10,7 +10,10 @@ table, 10-20x cheaper.
 What it writes is derived with MLflow's own functions, the same ones ``log_spans`` calls:
 ``translate_span_when_storing`` and ``TraceJSONEncoder`` for each span's content,
 ``_get_truncated_preview`` for the request/response previews, MLflow's token-usage and cost
-aggregation, its tag and trace-name validation, the artifact-location tag of the experiment.
+aggregation, its tag and trace-name validation, the artifact-location tag of the experiment.  A
+span of the exporter's own attributes skips the translation where it was seen to change nothing
+(`BulkTraceWriter._content`).  The spans come as `otel_rl_mlflow._traces.RowSpan`s; MLflow `Span`
+objects are made only for MLflow's own calls.
 
 It checks itself against MLflow before it is trusted, on the store it writes to:
 
