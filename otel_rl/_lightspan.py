@@ -246,15 +246,14 @@ class LightTracer:
     def start(self, name: str, parent: SpanContext | None, attributes: dict[str, Any],
               links: Sequence[Link] | None = None, start_time: int | None = None) -> LightSpan:
         """A span under `parent` (same trace), or the root of a new trace when `parent` is None."""
+        if start_time is None:
+            start_time = _time_ns()
         if parent is not None and parent.is_valid:  # any SpanContext (a light span's children take the short path)
             ctx = _new_context(parent.trace_id, _bits(64) or new_span_id())
         else:
             parent = None
-            if start_time is None:
-                start_time = _time_ns()
             ctx = _new_context(new_trace_id(start_time), _bits(64) or new_span_id())
-        return LightSpan(name, ctx, parent, attributes, links, start_time if start_time is not None else _time_ns(),
-                         self._ended, self.resource, self.scope)
+        return LightSpan(name, ctx, parent, attributes, links, start_time, self._ended, self.resource, self.scope)
 
     def start_in_current(self, name: str, attributes: dict[str, Any]) -> LightSpan:
         """A span under the current span (OpenTelemetry's context), or a new trace's root if there is none."""

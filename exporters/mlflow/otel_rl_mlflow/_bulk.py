@@ -41,6 +41,10 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from otel_rl import semconv as sc
+
+from . import _traces
+
 _log = logging.getLogger("otel_rl")
 
 ENV_BULK = "OTEL_RL_MLFLOW_BULK_TRACES"
@@ -390,7 +394,7 @@ class BulkTraceWriter(SqliteWriter):
         if known is False:
             return None
         if _MODEL in attrs:
-            if _USAGE in attrs and _model_name(attrs[_MODEL]) not in self._unpriced:
+            if _USAGE in attrs and self.h["_try_parse_json_string"](attrs[_MODEL]) not in self._unpriced:
                 return None  # MLflow may price it
         elif "model" in (attrs.get(_INPUTS) or "") or "model" in (attrs.get(_OUTPUTS) or ""):
             return None  # MLflow may take a model name from them
@@ -614,30 +618,23 @@ def writer_translation(translate: Callable[[Any], dict[str, Any]]) -> Callable[[
 
 
 # -- spans whose translation changes nothing (`BulkTraceWriter._content`) -----------------------------
-_SPAN_TYPE = "mlflow.spanType"
-_INPUTS = "mlflow.spanInputs"
-_OUTPUTS = "mlflow.spanOutputs"
-_USAGE = "mlflow.chat.tokenUsage"
-_MODEL = "mlflow.llm.model"
+_SPAN_TYPE = _traces.ATTR_SPAN_TYPE
+_INPUTS = _traces.ATTR_INPUTS
+_OUTPUTS = _traces.ATTR_OUTPUTS
+_USAGE = _traces.ATTR_TOKEN_USAGE
+_MODEL = _traces.ATTR_MODEL
 #: the attribute keys the exporter writes (otel_rl_mlflow._traces) besides rl.* and mlflow.traceTag.*
 _OWN_KEYS = frozenset({
-    "mlflow.traceRequestId", _SPAN_TYPE, _INPUTS, _OUTPUTS, _USAGE, _MODEL,
-    "gen_ai.operation.name", "gen_ai.request.model", "gen_ai.response.model", "gen_ai.usage.input_tokens",
-    "gen_ai.usage.output_tokens", "gen_ai.tool.name", "gen_ai.tool.type", "gen_ai.tool.call.id",
+    _traces.ATTR_REQUEST_ID, _SPAN_TYPE, _INPUTS, _OUTPUTS, _USAGE, _MODEL,
+    sc.GEN_AI_OPERATION_NAME, sc.GEN_AI_REQUEST_MODEL, sc.GEN_AI_RESPONSE_MODEL, sc.GEN_AI_USAGE_INPUT_TOKENS,
+    sc.GEN_AI_USAGE_OUTPUT_TOKENS, sc.GEN_AI_TOOL_NAME, sc.GEN_AI_TOOL_TYPE, sc.GEN_AI_TOOL_CALL_ID,
 })
 #: GenAI attributes whose values (names, not counts or ids) are part of a span's signature
-_NAMED = ("gen_ai.operation.name", "gen_ai.request.model", "gen_ai.response.model", "gen_ai.tool.name",
-          "gen_ai.tool.type")
+_NAMED = (sc.GEN_AI_OPERATION_NAME, sc.GEN_AI_REQUEST_MODEL, sc.GEN_AI_RESPONSE_MODEL, sc.GEN_AI_TOOL_NAME,
+          sc.GEN_AI_TOOL_TYPE)
 _b64 = base64.b64encode
 _loads = json.loads
 _plain_dumps = json.JSONEncoder(ensure_ascii=False).encode
-
-
-def _model_name(text: str) -> Any:
-    try:
-        return _loads(text)
-    except ValueError:
-        return None
 
 
 def _signature(attrs: Any) -> tuple | None:
