@@ -26,12 +26,31 @@ def main() -> int:
     done_fd = int(os.environ["LOCKSTEP_DONE_FD"])
     go_fd = int(os.environ["LOCKSTEP_GO_FD"])
 
+    import otel_rl
+
+    init = otel_rl.init
+
+    def init_then_pace(*args, **kwargs):  # the demo imports its trainer (and torch) after init(): so does this
+        handle = init(*args, **kwargs)
+        _pace(done_fd, go_fd)
+        return handle
+
+    otel_rl.init = init_then_pace
+    from otel_rl.cli import main as cli_main
+
+    return cli_main(sys.argv[1:])
+
+
+def _pace(done_fd: int, go_fd: int) -> None:
     from otel_rl.demo import trainer as trainer_mod
 
     base = trainer_mod.GRPOTrainer
     # LOCKSTEP_MUTE=1: telemetry set up as configured (threads, export process, trackers) but switched off
     # after step 0, as in a run without it: what its mere presence costs; =start: switched off from step 0 on
     mute = os.environ.get("LOCKSTEP_MUTE", "")
+    # LOCKSTEP_SETTLE=1: step 0 ends with a flush (the trackers started, the export process idle): the steps
+    # without the export process's start-up running beside them
+    settle = os.environ.get("LOCKSTEP_SETTLE", "") == "1"
     from otel_rl._runtime import RT
 
     class PacedTrainer(base):  # type: ignore[misc, valid-type]
@@ -43,6 +62,10 @@ def main() -> int:
             def paced(step, metrics):
                 if on_step is not None:
                     on_step(step, metrics)
+                if step == 0 and settle:
+                    import otel_rl
+
+                    otel_rl.flush()  # the export process started and caught up before step 1 is timed
                 seconds = time.perf_counter() - started[0]
                 cpu = time.thread_time() - started[1]
                 faults = _faults() - started[2]
@@ -55,10 +78,7 @@ def main() -> int:
 
             super().__init__(cfg, on_step=paced)
 
-    trainer_mod.GRPOTrainer = PacedTrainer  # the demo's CLI imports it when it runs
-    from otel_rl.cli import main as cli_main
-
-    return cli_main(sys.argv[1:])
+    trainer_mod.GRPOTrainer = PacedTrainer  # the demo's CLI imports it after init()
 
 
 if __name__ == "__main__":

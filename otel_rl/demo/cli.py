@@ -146,7 +146,6 @@ def run(args: argparse.Namespace) -> int:
 
     from .progress import Progress
     from .task import ArithTokenizer
-    from .trainer import GRPOTrainer
 
     try:
         cfg, env, out = prepare(args)
@@ -161,6 +160,11 @@ def run(args: argparse.Namespace) -> int:
         except (otel_rl.ConfigError, otel_rl.UnknownExporterError) as exc:
             print(f"otel-rl demo: {exc}", file=sys.stderr)
             return 2
+        # torch is imported only now: the export process starts its trackers (importing their libraries,
+        # opening their runs: seconds of CPU time on another core) while this process imports torch and
+        # builds the models, not during the first training steps (docs/demo.md, "What telemetry costs")
+        from .trainer import GRPOTrainer
+
         for e in handle.exporters:
             if e.name == "prometheus":
                 print(f"otel-rl demo: Prometheus metrics at {_prometheus_url(e, cfg)}", file=sys.stderr, flush=True)

@@ -635,12 +635,87 @@ def test_new_sqlite_store_is_created_in_one_go(tmp_path):
     assert not (tmp_path / "no").exists()
 
 
+def _store_content(path) -> tuple[list, dict]:
+    """A sqlite file's schema (every table, index, trigger) and every row of every table.  The lines of a
+    CREATE statement are compared as a set: MLflow's own migrations, which rebuild tables, write a table's
+    constraints in an order that changes from one process to the next (string hashing)."""
+    import sqlite3
+
+    def clauses(sql):
+        return sorted(line.strip().rstrip(",").strip() for line in (sql or "").split("\n"))
+
+    with sqlite3.connect(path) as con:
+        schema = sorted(((kind, name, table, clauses(sql)) for kind, name, table, sql
+                         in con.execute("SELECT type, name, tbl_name, sql FROM sqlite_master")), key=repr)
+        rows = {name: sorted(con.execute(f'SELECT * FROM "{name}"').fetchall(), key=repr)
+                for (kind, name, _, _) in schema if kind == "table"}
+    return schema, rows
+
+
+def test_new_sqlite_stores_are_copied_from_a_kept_template(tmp_path, monkeypatch):
+    """The first new store of an MLflow version is built by MLflow's migrations and kept as a template;
+    later new stores are copies of it: the same tables, indexes and rows as MLflow's own build, opened
+    and used by MLflow as its own."""
+    import sqlalchemy
+    import mlflow.store.db.utils as db_utils
+
+    from otel_rl_mlflow import _exporter as ex
+
+    templates = tmp_path / "templates"
+    monkeypatch.setenv(ex.ENV_STORE_TEMPLATE_DIR, str(templates))
+    real = db_utils._initialize_tables
+    reference = tmp_path / "reference.db"  # what MLflow's own code makes of an empty file
+    engine = sqlalchemy.create_engine(f"sqlite:///{reference}")
+    real(engine)
+    engine.dispose()
+
+    assert ex._create_sqlite_store(f"sqlite:///{tmp_path}/first.db") is True
+    [kept] = os.listdir(templates)  # one file, nothing half-written left beside it
+    assert kept.startswith(f"store-{mlflow.__version__}-") and kept.endswith(".db")
+    assert str(templates / kept) == ex._template_path()
+
+    def no_migrations(engine):
+        raise AssertionError("a new store was built although a template is kept")
+
+    monkeypatch.setattr(db_utils, "_initialize_tables", no_migrations)
+    second = tmp_path / "second.db"
+    assert ex._create_sqlite_store(f"sqlite:///{second}") is True
+    assert _store_content(second) == _store_content(tmp_path / "first.db") == _store_content(reference)
+    assert sorted(os.listdir(tmp_path)) == ["first.db", "reference.db", "second.db", "templates"]
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{second}")  # MLflow checks the schema revision here
+    run = client.create_run(client.create_experiment("from-template"))
+    client.log_metric(run.info.run_id, "loss", 0.25, step=7)
+    assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "loss")] == [(7, 0.25)]
+
+    # another MLflow (or SQLAlchemy, alembic, sqlite, migration set): another template
+    monkeypatch.setattr(mlflow, "__version__", mlflow.__version__ + ".post1")
+    assert ex._template_path() != str(templates / kept)
+
+    # a file in the template's place that is no sqlite store: not copied, replaced by a store built anew
+    monkeypatch.setattr(mlflow, "__version__", mlflow.__version__[: -len(".post1")])
+    (templates / kept).write_bytes(b"not a store")
+    monkeypatch.setattr(db_utils, "_initialize_tables", real)
+    third = tmp_path / "third.db"
+    assert ex._create_sqlite_store(f"sqlite:///{third}") is True
+    assert _store_content(third) == _store_content(reference) == _store_content(templates / kept)
+
+    # templates off: nothing kept anywhere
+    monkeypatch.setenv(ex.ENV_STORE_TEMPLATE_DIR, "")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert ex._template_path() is None
+    assert ex._create_sqlite_store(f"sqlite:///{tmp_path}/fourth.db") is True
+    assert not (tmp_path / "cache").exists()
+    assert _store_content(tmp_path / "fourth.db") == _store_content(reference)
+
+
 def test_new_sqlite_store_does_not_replace_one_made_meanwhile(tmp_path, monkeypatch):
     """Another process creates the store while ours is being built: theirs stays, ours is discarded."""
     import mlflow.store.db.utils as db_utils
 
-    from otel_rl_mlflow._exporter import _create_sqlite_store
+    from otel_rl_mlflow._exporter import ENV_STORE_TEMPLATE_DIR, _create_sqlite_store
 
+    monkeypatch.setenv(ENV_STORE_TEMPLATE_DIR, "")  # built here, not copied from a template
     path = tmp_path / "race.db"
     real = db_utils._initialize_tables
 
