@@ -51,7 +51,26 @@ def _pace(done_fd: int, go_fd: int) -> None:
     # LOCKSTEP_SETTLE=1: step 0 ends with a flush (the trackers started, the export process idle): the steps
     # without the export process's start-up running beside them
     settle = os.environ.get("LOCKSTEP_SETTLE", "") == "1"
+    # LOCKSTEP_HOLD_EXPORT=1: the export process (and what it started) stays stopped during steps 1..N-1 and
+    # catches up at the end: the steps with the training process's share of the telemetry only
+    hold = os.environ.get("LOCKSTEP_HOLD_EXPORT", "") == "1"
     from otel_rl._runtime import RT
+
+    def export_pids() -> list[int]:
+        remote = RT.pipeline.remote if RT.pipeline is not None else None
+        if remote is None:
+            return []
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from bench_telemetry_cpu import _descendants
+
+        return _descendants(remote.pid)
+
+    def signal_export(sig: int) -> None:
+        for pid in export_pids():
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
 
     class PacedTrainer(base):  # type: ignore[misc, valid-type]
         def __init__(self, cfg, on_step=None):
@@ -74,6 +93,10 @@ def _pace(done_fd: int, go_fd: int) -> None:
                     raise SystemExit("lockstep: the benchmark went away")
                 if mute in ("1", "start"):
                     RT.handle, RT.tracing = None, False
+                if hold:  # the benchmark's go-ahead continued the whole process group
+                    import signal
+
+                    signal_export(signal.SIGCONT if step + 1 >= self.total_steps else signal.SIGSTOP)
                 started[:] = [time.perf_counter(), time.thread_time(), _faults()]
 
             super().__init__(cfg, on_step=paced)

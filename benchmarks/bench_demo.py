@@ -336,7 +336,8 @@ def main() -> None:
                          "A,B: the configurations compared (default on,off; off,off or on,on show the noise; "
                          "NAME@VAR=VALUE gives one its environment, e.g. on@LOCKSTEP_MUTE=start: set up in full, "
                          "switched off from step 0 (=1: after step 0); on@LOCKSTEP_SETTLE=1: step 0 ends with a "
-                         "flush, so the export process's start-up is over before step 1)")
+                         "flush, so the export process's start-up is over before step 1; on@LOCKSTEP_HOLD_EXPORT=1: its "
+                         "export process stays stopped during the steps and catches up at the end)")
     ap.add_argument("overrides", nargs="*", help="more dotlist overrides for both variants")
     args = ap.parse_args()
     # both variants import otel-rl's modules from bytecode, as from an installed package (pip compiles
