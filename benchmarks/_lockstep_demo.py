@@ -26,6 +26,8 @@ def main() -> int:
     done_fd = int(os.environ["LOCKSTEP_DONE_FD"])
     go_fd = int(os.environ["LOCKSTEP_GO_FD"])
 
+    if os.environ.get("LOCKSTEP_TORCH_FIRST") == "1":  # torch imported before init(), as the demo once did
+        import otel_rl.demo.trainer  # noqa: F401
     import otel_rl
 
     init = otel_rl.init

@@ -162,7 +162,8 @@ def run(args: argparse.Namespace) -> int:
             return 2
         # torch is imported only now: the export process starts its trackers (importing their libraries,
         # opening their runs: seconds of CPU time on another core) while this process imports torch and
-        # builds the models, not during the first training steps (docs/demo.md, "What telemetry costs")
+        # builds the models rather than during the first training steps, and a short run waits less for
+        # it at its end (docs/demo.md, "What telemetry costs")
         from .trainer import GRPOTrainer
 
         for e in handle.exporters:
