@@ -58,14 +58,13 @@ def _pace(done_fd: int, go_fd: int) -> None:
     hold = os.environ.get("LOCKSTEP_HOLD_EXPORT", "") == "1"
     from otel_rl._runtime import RT
 
-    def export_pids() -> list[int]:
-        remote = RT.pipeline.remote if RT.pipeline is not None else None
-        if remote is None:
-            return []
+    if hold:
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         from bench_telemetry_cpu import _descendants
 
-        return _descendants(remote.pid)
+    def export_pids() -> list[int]:
+        remote = RT.pipeline.remote if RT.pipeline is not None else None
+        return _descendants(remote.pid) if remote is not None else []
 
     def signal_export(sig: int) -> None:
         for pid in export_pids():

@@ -137,6 +137,13 @@ class ConfigError(ValueError):
 _MAX_CPU = 65535  # beyond any CPU number Linux gives (a typo like 0-99999999 is an error, not a huge set)
 
 
+def cache_dir(*parts: str) -> str:
+    """Where otel-rl keeps files between runs: ``$XDG_CACHE_HOME/otel-rl/<parts>``
+    (``~/.cache/otel-rl/<parts>`` when XDG_CACHE_HOME is unset)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "otel-rl", *parts)
+
+
 def parse_cpu_list(text: str, label: str = "export_process_cpus") -> set[int]:
     """CPU numbers from a cpuset-style list: ``3``, ``0,2``, ``4-7``, ``0-1,6``."""
     cpus: set[int] = set()

@@ -14,6 +14,7 @@ import os
 import re
 from typing import Any
 
+from ..config import cache_dir
 from .store import DROP_POLICIES, FSYNC_POLICIES, Spool, SpoolBusy, SpoolOptions, read_meta
 
 __all__ = [
@@ -29,8 +30,7 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 def default_root() -> str:
     """``$XDG_CACHE_HOME/otel-rl/spool`` (``~/.cache/otel-rl/spool`` when XDG_CACHE_HOME is unset)."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "otel-rl", "spool")
+    return cache_dir("spool")
 
 
 def safe_name(name: str) -> str:

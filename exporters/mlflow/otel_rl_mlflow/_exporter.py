@@ -37,6 +37,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from otel_rl import semconv as sc
+from otel_rl.config import cache_dir
 from otel_rl.exporters.tracker import TrackerExporter, flatten_config
 from otel_rl.records import Generations, RunIdentity, RunStart, StepMetrics, Trajectory
 
@@ -112,8 +113,7 @@ def _template_path() -> str | None:
     MLflow, its migrations, SQLAlchemy, alembic and sqlite (None: templates are off)."""
     directory = os.environ.get(ENV_STORE_TEMPLATE_DIR)
     if directory is None:
-        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        directory = os.path.join(base, "otel-rl", "mlflow")
+        directory = cache_dir("mlflow")
     if not directory:
         return None
     import hashlib
