@@ -56,9 +56,15 @@ def _pace(done_fd: int, go_fd: int) -> None:
     # LOCKSTEP_HOLD_EXPORT=1: the export process (and what it started) stays stopped during steps 1..N-1 and
     # catches up at the end: the steps with the training process's share of the telemetry only
     hold = os.environ.get("LOCKSTEP_HOLD_EXPORT", "") == "1"
+    # LOCKSTEP_QUIET_GEN=1: the export process (and what it started) is stopped while the trainer's "gen"
+    # timer is open and continued when it closes: its work kept out of the rollouts
+    quiet_gen = os.environ.get("LOCKSTEP_QUIET_GEN", "") == "1"
+    # LOCKSTEP_DEFER_GEN=1: the training process's pipeline thread leaves what the "gen" timer's block
+    # submits queued until the block ends (its batches built and sent after the rollouts)
+    defer_gen = os.environ.get("LOCKSTEP_DEFER_GEN", "") == "1"
     from otel_rl._runtime import RT
 
-    if hold:
+    if hold or quiet_gen:
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         from bench_telemetry_cpu import _descendants
 
@@ -72,6 +78,47 @@ def _pace(done_fd: int, go_fd: int) -> None:
                 os.kill(pid, sig)
             except OSError:
                 pass
+
+    in_gen = [False]
+    if defer_gen:
+        from otel_rl import _pipeline
+
+        drain = _pipeline.Pipeline._drain
+
+        def deferring_drain(self):
+            if in_gen[0] and not self._stopping:
+                return
+            drain(self)
+
+        _pipeline.Pipeline._drain = deferring_drain
+    if quiet_gen or defer_gen:
+        import contextlib
+        import signal
+
+        import otel_rl
+
+        timer = otel_rl.timer
+
+        @contextlib.contextmanager
+        def quiet_timer(name, *args, **kwargs):
+            if name != "gen":
+                with timer(name, *args, **kwargs) as t:
+                    yield t
+                return
+            if quiet_gen:
+                signal_export(signal.SIGSTOP)
+            in_gen[0] = True
+            try:
+                with timer(name, *args, **kwargs) as t:
+                    yield t
+            finally:
+                in_gen[0] = False
+                if defer_gen and RT.pipeline is not None:
+                    RT.pipeline._wake.set()
+                if quiet_gen:
+                    signal_export(signal.SIGCONT)
+
+        otel_rl.timer = quiet_timer
 
     class PacedTrainer(base):  # type: ignore[misc, valid-type]
         def __init__(self, cfg, on_step=None):

@@ -835,6 +835,16 @@ class Pipeline:
         if remote is not None:
             self.queues = self.queues + list(remote.queues)
         self._stopping = False
+        # rollouts: while a trajectory is open (`rollout_started` .. `rollout_ended`) the worker leaves what
+        # is submitted queued, for up to `rollout_defer_s` from the first one's start (docs/configuration.md)
+        self.defer_s = float(getattr(config, "rollout_defer_s", 0.0) or 0.0)
+        self._defer_max_items = max(self._batch_wake, self._max_items // 2)
+        self._rollout_lock = threading.Lock()
+        self.open_rollouts = 0
+        self._busy_since = 0.0
+        self._deferring = False  # the worker is leaving items queued for the open rollouts
+        self._urgent = 0  # flush requests and added exporters queued: no deferral until they are taken
+        self.deferrals = 0  # how often the worker left a batch queued for open rollouts
         self._worker = threading.Thread(target=self._run, name="otel-rl-pipeline", daemon=True)
         self._worker.start()
 
@@ -846,6 +856,7 @@ class Pipeline:
         q = DeliveryQueue(exporter, self.config.queue_size, config=self.config)  # as in __init__
         if first:
             q.put([], list(first))
+        self._hurry()
         self._items.append(_AddQueue(q))  # attached by the worker, after what was submitted before
         self._wake.set()
 
@@ -870,7 +881,8 @@ class Pipeline:
                       self._max_items)
             return
         items.append(item)
-        if len(items) == self._batch_wake:
+        n = len(items)
+        if n == self._batch_wake or n == self._defer_max_items:
             self._wake.set()
 
     def on_span_end(self, span: ReadableSpan) -> None:
@@ -880,6 +892,7 @@ class Pipeline:
         """Everything submitted before this call is delivered (or the timeout passes)."""
         deadline = time.monotonic() + timeout_s
         marker = _Marker()
+        self._hurry()
         self._items.append(marker)
         self._wake.set()
         if not marker.event.wait(max(0.0, deadline - time.monotonic())):
@@ -892,6 +905,37 @@ class Pipeline:
                 return ok
             waited.update(id(q) for q in todo)
             ok = wait_all_idle(todo, max(0.0, deadline - time.monotonic())) and ok
+
+    def rollout_started(self) -> None:
+        """A trajectory opened (the training thread is rolling out): see `_defer_left`."""
+        with self._rollout_lock:
+            self.open_rollouts += 1
+            if self.open_rollouts == 1:
+                self._busy_since = time.monotonic()
+
+    def rollout_ended(self) -> None:
+        """A trajectory closed; the last one wakes the worker if it was leaving batches queued."""
+        with self._rollout_lock:
+            n = self.open_rollouts = max(0, self.open_rollouts - 1)
+        if n == 0 and self._deferring:
+            self._wake.set()
+
+    def _hurry(self) -> None:
+        with self._rollout_lock:
+            self._urgent += 1
+
+    def _defer_left(self) -> float:
+        """Seconds the worker may still leave what is queued for the open rollouts (0: take it now).
+        Rollouts are where the training thread runs the most Python per second (agent loops, tools,
+        detokenizing): the worker's batches (packing spans, building records, handing them to the
+        exporters) would take the interpreter lock from it there.  Deferred, they run after the
+        rollouts, while the training thread is mostly in torch, which leaves the lock.  Never for a
+        flush, an added exporter or shutdown, nor beyond `rollout_defer_s` of one stretch of open
+        rollouts, nor past half the queue."""
+        if (self.defer_s <= 0 or self.open_rollouts <= 0 or self._urgent or self._stopping
+                or len(self._items) >= self._defer_max_items):
+            return 0.0
+        return self._busy_since + self.defer_s - time.monotonic()
 
     def shutdown(self, timeout_s: float = 30.0) -> None:
         """Deliver what was submitted, within `timeout_s` overall (not per exporter)."""
@@ -916,9 +960,19 @@ class Pipeline:
 
     # -- worker side -----------------------------------------------------------------
     def _run(self) -> None:
+        delay = self.config.batch_delay_s
+        wait_s = delay
         while True:
-            self._wake.wait(self.config.batch_delay_s)
+            self._wake.wait(wait_s)
             self._wake.clear()
+            wait_s = delay
+            self._deferring = True  # (before reading the rollouts: the last one to end then wakes this)
+            left = self._defer_left()
+            if left > 0:
+                self.deferrals += 1
+                wait_s = left  # or until the last rollout ends (rollout_ended), or a flush
+                continue
+            self._deferring = False
             try:
                 self._drain()
             except Exception:  # never let the worker die
@@ -958,9 +1012,11 @@ class Pipeline:
                     stats.append(item)
                 elif isinstance(item, _Marker):
                     markers.append(item)
+                    self._hurried()
                     break  # deliver what came before the flush request first
                 elif isinstance(item, _AddQueue):
                     added = item
+                    self._hurried()
                     break  # what came before is not for the new exporter
             self._handle_spans(spans, stats)
             if routed is not None:
@@ -969,6 +1025,10 @@ class Pipeline:
                 self.queues = self.queues + [added.queue]  # a new list: flush() may be iterating the old one
             for m in markers:
                 m.event.set()
+
+    def _hurried(self) -> None:
+        with self._rollout_lock:
+            self._urgent = max(0, self._urgent - 1)
 
     def _handle_spans(self, spans: list, stats: list) -> None:
         """Records from the spans of one batch, for the exporters here; the spans themselves, packed, for

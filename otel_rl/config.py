@@ -75,6 +75,7 @@ class Config:
     batch_delay_s: float = 0.5  # the pipeline takes what was submitted this often (or at 512 items)
     export_interval_s: float = 1.0  # gathering exporters (trackers, console, JSONL): one delivery per interval
     queue_size: int = 100_000
+    rollout_defer_s: float = 5.0  # while trajectories are open, the pipeline leaves its batches for up to this long
     # durable delivery (docs/delivery.md): the on-disk spool behind each exporter's queue
     spool_dir: str | None = None  # None: ~/.cache/otel-rl/spool/<run id>; "off": no spool
     spool_max_bytes: int = 1 << 30  # per exporter queue
@@ -116,6 +117,7 @@ ENV_KEYS: dict[str, str] = {
     "OTEL_RL_BATCH_DELAY_S": "batch_delay_s",
     "OTEL_RL_EXPORT_INTERVAL_S": "export_interval_s",
     "OTEL_RL_QUEUE_SIZE": "queue_size",
+    "OTEL_RL_ROLLOUT_DEFER_S": "rollout_defer_s",
     "OTEL_RL_SPOOL_DIR": "spool_dir",
     "OTEL_RL_SPOOL_MAX_BYTES": "spool_max_bytes",
     "OTEL_RL_SPOOL_DROP_POLICY": "spool_drop_policy",
@@ -409,7 +411,7 @@ def _coerce(field: str, v: Any, source: str) -> Any:
         if text != "last":
             parse_cpu_list(text, label)
         return text
-    if field == "export_interval_s":
+    if field in ("export_interval_s", "rollout_defer_s"):
         try:
             out_s = float(v)
         except (TypeError, ValueError):

@@ -186,7 +186,7 @@ class TrajectoryState:
     """What `with trajectory(...) as t` gives: `t.sampled`, `t.set_reward(x)`, `t.span`."""
 
     __slots__ = ("mode", "step", "sample_index", "rollout_n", "validate", "name", "span", "errors", "t0",
-                 "var_token", "ctx_token", "link", "reward")
+                 "var_token", "ctx_token", "link", "reward", "pipeline")
 
     def __init__(self, mode: int, step: int | None, sample_index: int | None, rollout_n: int | None,
                  validate: bool, name: str | None):
@@ -261,6 +261,9 @@ class trajectory:
         else:
             mode = UNSAMPLED
         st = self._st = TrajectoryState(mode, step_n, sample_index, rollout_n, validate, name)
+        p = st.pipeline = RT.pipeline
+        if p is not None and p.defer_s:
+            p.rollout_started()
         st.t0 = _time_ns()
         if mode == SAMPLED:
             st.link = _link_target()
@@ -283,6 +286,9 @@ class trajectory:
         elif RT.pipeline is not None and RT.pipeline.instruments is not None:
             # untraced: only its duration and outcome, for the metrics (when something reads them)
             RT.pipeline.submit(TrajectoryStat((_time_ns() - st.t0) / 1e9, st.validate, ev is not None))
+        p = st.pipeline
+        if p is not None and p.defer_s:
+            p.rollout_ended()
         return False
 
     async def __aenter__(self) -> TrajectoryState:

@@ -158,16 +158,19 @@ def ids_of(trajs: list[Trajectory]) -> list[str]:
 # ----------------------------------------------------------------------------- tests
 
 
-def test_direct_writes_equal_mlflow_writes(tmp_path, monkeypatch):
+@pytest.mark.parametrize("batch", [4, 0], ids=["batches of 4", "one batch"])
+def test_direct_writes_equal_mlflow_writes(tmp_path, monkeypatch, batch):
     trajs, ident = captured(steps=8)
     fast_db, ref_db = tmp_path / "fast.db", tmp_path / "ref.db"
-    fast = export(f"sqlite:///{fast_db}", trajs, ident)
+    fast = export(f"sqlite:///{fast_db}", trajs, ident, batch=batch or len(trajs))
     writer = fast._bulk
     assert writer and writer.state == "on", getattr(writer, "mismatch", None)
     # every shape was written by MLflow once (and verified), the rest directly
     assert writer.mlflow_traces >= 4 and writer.fast_traces >= len(trajs) // 2, (writer.mlflow_traces,
                                                                               writer.fast_traces)
     assert writer.fast_traces + writer.mlflow_traces == len(trajs)
+    if not batch:  # all at once: exactly one trace of each shape through MLflow, none twice
+        assert writer.mlflow_traces == len(writer.verified), (writer.mlflow_traces, len(writer.verified))
     fast_run = next(iter(fast.runs.values())).run_id
     fast.shutdown()
 
@@ -322,7 +325,8 @@ def test_traces_read_back_with_mlflow(tmp_path):
         mlflow.set_tracking_uri(None)
 
 
-def test_a_mismatch_turns_the_direct_writer_off(tmp_path, caplog):
+@pytest.mark.parametrize("batch", [4, 0], ids=["batches of 4", "one batch"])
+def test_a_mismatch_turns_the_direct_writer_off(tmp_path, caplog, batch):
     trajs, ident = captured(steps=4)
     cfg = resolve(project=ident.project, experiment=ident.experiment, run_id=ident.run_id, trace_backend="mlflow")
     path = tmp_path / "m.db"
@@ -339,8 +343,9 @@ def test_a_mismatch_turns_the_direct_writer_off(tmp_path, caplog):
 
     writer.h["translate_span_when_storing"] = drifted
     with caplog.at_level(logging.WARNING, logger="otel_rl"):
-        for i in range(0, len(trajs), 4):
-            exp.export_records(trajs[i:i + 4])
+        step = batch or len(trajs)
+        for i in range(0, len(trajs), step):
+            exp.export_records(trajs[i:i + step])
     assert writer.state == "off" and writer.fast_traces == 0 and writer.mlflow_traces == len(trajs)
     assert "spans" in writer.mismatch
     assert any("does not write what MLflow" in r.getMessage() for r in caplog.records)

@@ -17,11 +17,11 @@ objects are made only for MLflow's own calls.
 
 It checks itself against MLflow before it is trusted, on the store it writes to:
 
-- each trajectory *shape* (span names, types, statuses, attribute keys, event names, model)
-  it has not seen yet is written by MLflow (``log_spans`` + ``link_traces_to_run``); then the
-  rows MLflow wrote for those traces, in every table that has a trace-id column, are read
-  back and compared with the rows this writer computes for them.  Equal: the shape is
-  verified and later trajectories of that shape take the fast path.  Different: the fast
+- of each trajectory *shape* (span names, types, statuses, attribute keys, event names, model)
+  it has not seen yet, one trace is written by MLflow (``log_spans`` + ``link_traces_to_run``);
+  then the rows MLflow wrote for it, in every table that has a trace-id column, are read back
+  and compared with the rows this writer computes for it.  Equal: the shape is verified and the
+  other trajectories of that shape (in the same call and later) take the fast path.  Different: the fast
   path is off for the rest of the process (one warning) and MLflow writes everything;
 - a trace that already exists in the store (a re-delivered batch) goes through MLflow, which
   merges it;
@@ -218,10 +218,27 @@ class BulkTraceWriter(SqliteWriter):
             self._write(rows)
             self.fast_traces += len(fast)
         step = max(1, max_per_call)
-        for i in range(0, len(probe), step):
-            part = probe[i:i + step]
-            self._by_mlflow([(tid, spans) for tid, spans, _ in part], mlflow_write)
-            self._verify(experiment_id, run_id, part)
+        if probe:
+            # one trace of each new shape goes through MLflow and is compared with the rows computed
+            # here; the others of a shape found equal are written directly, the rest by MLflow
+            first: dict[Any, tuple[str, list[Any], Any]] = {}
+            later: list[tuple[str, list[Any], Any]] = []
+            for item in probe:
+                if item[2] in first:
+                    later.append(item)
+                else:
+                    first[item[2]] = item
+            probes = list(first.values())
+            for i in range(0, len(probes), step):
+                part = probes[i:i + step]
+                self._by_mlflow([(tid, spans) for tid, spans, _ in part], mlflow_write)
+                self._verify(experiment_id, run_id, part)
+            direct = [(tid, spans) for tid, spans, shape in later if self.state == "on" and shape in self.verified]
+            slow.extend((tid, spans) for tid, spans, shape in later
+                        if not (self.state == "on" and shape in self.verified))
+            if direct:
+                self._write(self._rows(experiment_id, run_id, direct))
+                self.fast_traces += len(direct)
         for i in range(0, len(slow), step):
             self._by_mlflow(slow[i:i + step], mlflow_write)
 
