@@ -59,9 +59,6 @@ def _pace(done_fd: int, go_fd: int) -> None:
     # LOCKSTEP_QUIET_GEN=1: the export process (and what it started) is stopped while the trainer's "gen"
     # timer is open and continued when it closes: its work kept out of the rollouts
     quiet_gen = os.environ.get("LOCKSTEP_QUIET_GEN", "") == "1"
-    # LOCKSTEP_DEFER_GEN=1: the training process's pipeline thread leaves what the "gen" timer's block
-    # submits queued until the block ends (its batches built and sent after the rollouts)
-    defer_gen = os.environ.get("LOCKSTEP_DEFER_GEN", "") == "1"
     from otel_rl._runtime import RT
 
     if hold or quiet_gen:
@@ -79,19 +76,7 @@ def _pace(done_fd: int, go_fd: int) -> None:
             except OSError:
                 pass
 
-    in_gen = [False]
-    if defer_gen:
-        from otel_rl import _pipeline
-
-        drain = _pipeline.Pipeline._drain
-
-        def deferring_drain(self):
-            if in_gen[0] and not self._stopping:
-                return
-            drain(self)
-
-        _pipeline.Pipeline._drain = deferring_drain
-    if quiet_gen or defer_gen:
+    if quiet_gen:
         import contextlib
         import signal
 
@@ -105,18 +90,12 @@ def _pace(done_fd: int, go_fd: int) -> None:
                 with timer(name, *args, **kwargs) as t:
                     yield t
                 return
-            if quiet_gen:
-                signal_export(signal.SIGSTOP)
-            in_gen[0] = True
+            signal_export(signal.SIGSTOP)
             try:
                 with timer(name, *args, **kwargs) as t:
                     yield t
             finally:
-                in_gen[0] = False
-                if defer_gen and RT.pipeline is not None:
-                    RT.pipeline._wake.set()
-                if quiet_gen:
-                    signal_export(signal.SIGCONT)
+                signal_export(signal.SIGCONT)
 
         otel_rl.timer = quiet_timer
 

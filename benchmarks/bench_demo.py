@@ -258,8 +258,11 @@ def lockstep(args: argparse.Namespace, launch: tuple[str, str] = ("on", "off")) 
     q = statistics.quantiles(ratios, n=4)
     print(f"lockstep demo: {len(steps)} training steps, seed {args.seed}, the two variants alternating step by step; "
           f"{launch[0]} started first")
-    print(f"  on : exporters {', '.join(reports['on']['exporters'])}; traced samples per step per worker: 4")
-    print("  off: no exporter, tracing off")
+    for v in ("on", "off"):  # the columns: "on" is A of --lockstep A,B, "off" is B
+        base, *env = configs[v].split("@")
+        what = (f"exporters {', '.join(reports[v]['exporters'])}; traced samples per step per worker: 4"
+                if base == "on" else "no exporter, tracing off" if base == "off" else base)
+        print(f"  {v:<3}: {what}" + (f"; {', '.join(env)}" if env else ""))
     print(f"{'figure':<40}{'on':>10}{'off':>10}{'ratio':>9}")
     print(f"{'training steps 1..N, total (s)':<40}{total_on:>10.2f}{total_off:>10.2f}{total_on / total_off:>9.3f}")
     print(f"{'steps/s':<40}{len(steps) / total_on:>10.2f}{len(steps) / total_off:>10.2f}"
@@ -337,7 +340,8 @@ def main() -> None:
                          "NAME@VAR=VALUE gives one its environment, e.g. on@LOCKSTEP_MUTE=start: set up in full, "
                          "switched off from step 0 (=1: after step 0); on@LOCKSTEP_SETTLE=1: step 0 ends with a "
                          "flush, so the export process's start-up is over before step 1; on@LOCKSTEP_HOLD_EXPORT=1: its "
-                         "export process stays stopped during the steps and catches up at the end)")
+                         "export process stays stopped during the steps and catches up at the end; on@LOCKSTEP_QUIET_GEN=1: "
+                         "stopped only while the trainer's 'gen' timer is open)")
     ap.add_argument("overrides", nargs="*", help="more dotlist overrides for both variants")
     args = ap.parse_args()
     # both variants import otel-rl's modules from bytecode, as from an installed package (pip compiles

@@ -225,7 +225,7 @@ class LightTracer:
     only span processor is otel-rl's pipeline, to `direct` as the `LightSpan` itself (the
     pipeline then makes a `ReadableSpan` only for exporters that take spans)."""
 
-    __slots__ = ("sink", "resource", "scope", "direct", "direct_ok", "max_chars")
+    __slots__ = ("sink", "resource", "scope", "direct", "direct_ok", "max_chars", "_on_end")
 
     def __init__(self, sink: Callable[[ReadableSpan], None], resource: Any, scope: Any,
                  direct: Callable[[LightSpan], None] | None = None, direct_ok: Callable[[], bool] | None = None,
@@ -236,6 +236,9 @@ class LightTracer:
         self.direct = direct
         self.direct_ok = direct_ok
         self.max_chars = max_chars  # of the JSON texts made for `sink` (LightSpan.readable)
+        # one bound method for all the spans (not a new one per span: an object the cyclic GC would
+        # track for as long as the span waits in the pipeline's queue)
+        self._on_end = self._ended
 
     def _ended(self, span: LightSpan) -> None:
         if self.direct is not None and self.direct_ok is not None and self.direct_ok():
@@ -253,7 +256,7 @@ class LightTracer:
         else:
             parent = None
             ctx = _new_context(new_trace_id(start_time), _bits(64) or new_span_id())
-        return LightSpan(name, ctx, parent, attributes, links, start_time, self._ended, self.resource, self.scope)
+        return LightSpan(name, ctx, parent, attributes, links, start_time, self._on_end, self.resource, self.scope)
 
     def start_in_current(self, name: str, attributes: dict[str, Any]) -> LightSpan:
         """A span under the current span (OpenTelemetry's context), or a new trace's root if there is none."""
@@ -261,5 +264,5 @@ class LightTracer:
         if type(span) is LightSpan:  # the common case (an op inside an op or a trajectory): its own context,
             parent = span._context  # made by `_new_context`, valid
             ctx = _new_context(parent[0] if CONTEXT_IS_TUPLE else parent.trace_id, _bits(64) or new_span_id())
-            return LightSpan(name, ctx, parent, attributes, None, _time_ns(), self._ended, self.resource, self.scope)
+            return LightSpan(name, ctx, parent, attributes, None, _time_ns(), self._on_end, self.resource, self.scope)
         return self.start(name, current_span().get_span_context(), attributes)
