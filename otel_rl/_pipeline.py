@@ -839,9 +839,9 @@ class Pipeline:
         # is submitted queued, for up to `rollout_defer_s` from the first one's start (docs/configuration.md)
         self.defer_s = float(getattr(config, "rollout_defer_s", 0.0) or 0.0)
         self._defer_max_items = max(self._batch_wake, self._max_items // 2)
-        self._rollout_lock = threading.Lock()
-        self.open_rollouts = 0
+        self._open: deque = deque()  # one entry per open trajectory (a deque's append and pop are atomic)
         self._busy_since = 0.0
+        self._urgent_lock = threading.Lock()
         self._deferring = False  # the worker is leaving items queued for the open rollouts
         self._urgent = 0  # flush requests and added exporters queued: no deferral until they are taken
         self.deferrals = 0  # how often the worker left a batch queued for open rollouts
@@ -906,22 +906,31 @@ class Pipeline:
             waited.update(id(q) for q in todo)
             ok = wait_all_idle(todo, max(0.0, deadline - time.monotonic())) and ok
 
+    @property
+    def open_rollouts(self) -> int:
+        return len(self._open)
+
     def rollout_started(self) -> None:
-        """A trajectory opened (the training thread is rolling out): see `_defer_left`."""
-        with self._rollout_lock:
-            self.open_rollouts += 1
-            if self.open_rollouts == 1:
-                self._busy_since = time.monotonic()
+        """A trajectory opened (the training thread is rolling out): see `_defer_left`.  No lock: two
+        threads opening the first two at once may both see two open, and leave the stretch's start
+        time at the last stretch's, which only ends this stretch's deferral early."""
+        o = self._open
+        o.append(None)
+        if len(o) == 1:
+            self._busy_since = time.monotonic()
 
     def rollout_ended(self) -> None:
         """A trajectory closed; the last one wakes the worker if it was leaving batches queued."""
-        with self._rollout_lock:
-            n = self.open_rollouts = max(0, self.open_rollouts - 1)
-        if n == 0 and self._deferring:
+        o = self._open
+        try:
+            o.pop()
+        except IndexError:
+            return
+        if not o and self._deferring:
             self._wake.set()
 
     def _hurry(self) -> None:
-        with self._rollout_lock:
+        with self._urgent_lock:
             self._urgent += 1
 
     def _defer_left(self) -> float:
@@ -932,7 +941,7 @@ class Pipeline:
         rollouts, while the training thread is mostly in torch, which leaves the lock.  Never for a
         flush, an added exporter or shutdown, nor beyond `rollout_defer_s` of one stretch of open
         rollouts, nor past half the queue."""
-        if (self.defer_s <= 0 or self.open_rollouts <= 0 or self._urgent or self._stopping
+        if (self.defer_s <= 0 or not self._open or self._urgent or self._stopping
                 or len(self._items) >= self._defer_max_items):
             return 0.0
         return self._busy_since + self.defer_s - time.monotonic()
@@ -1027,7 +1036,7 @@ class Pipeline:
                 m.event.set()
 
     def _hurried(self) -> None:
-        with self._rollout_lock:
+        with self._urgent_lock:
             self._urgent = max(0, self._urgent - 1)
 
     def _handle_spans(self, spans: list, stats: list) -> None:
