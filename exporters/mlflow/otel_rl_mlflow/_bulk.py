@@ -233,9 +233,9 @@ class BulkTraceWriter(SqliteWriter):
                 part = probes[i:i + step]
                 self._by_mlflow([(tid, spans) for tid, spans, _ in part], mlflow_write)
                 self._verify(experiment_id, run_id, part)
-            direct = [(tid, spans) for tid, spans, shape in later if self.state == "on" and shape in self.verified]
-            slow.extend((tid, spans) for tid, spans, shape in later
-                        if not (self.state == "on" and shape in self.verified))
+            direct: list[tuple[str, list[Any]]] = []
+            for tid, spans, shape in later:
+                (direct if self.state == "on" and shape in self.verified else slow).append((tid, spans))
             if direct:
                 self._write(self._rows(experiment_id, run_id, direct))
                 self.fast_traces += len(direct)
