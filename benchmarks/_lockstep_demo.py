@@ -86,16 +86,15 @@ def _pace(done_fd: int, go_fd: int) -> None:
 
         @contextlib.contextmanager
         def quiet_timer(name, *args, **kwargs):
-            if name != "gen":
-                with timer(name, *args, **kwargs) as t:
-                    yield t
-                return
-            signal_export(signal.SIGSTOP)
+            rollout = name == "gen"
+            if rollout:
+                signal_export(signal.SIGSTOP)
             try:
                 with timer(name, *args, **kwargs) as t:
                     yield t
             finally:
-                signal_export(signal.SIGCONT)
+                if rollout:
+                    signal_export(signal.SIGCONT)
 
         otel_rl.timer = quiet_timer
 
