@@ -822,8 +822,13 @@ class _RunsExporter:
 
 def test_export_process_gc_waits_for_the_runs_then_freezes_them():
     """The export process collects nothing while its trackers import their libraries and open their runs;
-    once every run is open (or the time is up) it collects once, freezes the survivors and turns the GC on."""
+    once every run is open (or the time is up) it freezes what there is (without a collection: the
+    import-time cycles stay) and turns the GC on."""
     import gc
+    import weakref
+
+    class Cycle:
+        pass
 
     from otel_rl import _sidecar
     from otel_rl._pipeline import DeliveryQueue
@@ -842,9 +847,21 @@ def test_export_process_gc_waits_for_the_runs_then_freezes_them():
         q.put([], ["a record"])
         assert q.wait_idle(5.0) and exp.runs
         frozen_before = gc.get_freeze_count()
+        garbage = Cycle()
+        garbage.me = garbage
+        garbage_ref = weakref.ref(garbage)
+        del garbage
         server._settle_gc()
         assert gc.isenabled() and server._gc_settle_by is None
         assert gc.get_freeze_count() > frozen_before
+        gc.collect()
+        assert garbage_ref() is not None  # frozen with the rest, not collected
+        after = Cycle()
+        after.me = after
+        after_ref = weakref.ref(after)
+        del after
+        gc.collect()
+        assert after_ref() is None  # later garbage is collected as usual
 
         # the time limit: a run that never opens does not keep the GC off
         gc.unfreeze()

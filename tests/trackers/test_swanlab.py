@@ -348,3 +348,55 @@ def test_offline_reader_sees_json_config_types(swan_env):
     r = _only_run(swan_env)
     assert json.dumps(r.config, sort_keys=True) == json.dumps(
         {"FRAMEWORK": "verl", "OTEL_RL_RUN_ID": run.run_id, **cfg}, sort_keys=True)
+
+
+# ----------------------------------------------------------------------------- requirements snapshot
+
+
+_REQUIREMENTS_SCRIPT = textwrap.dedent("""
+    import sys
+    children = []
+    sys.addaudithook(lambda event, args: children.append(" ".join(map(str, args[1]))) if event == "subprocess.Popen" else None)
+    from otel_rl.config import resolve
+    from otel_rl.records import RunIdentity, RunStart, StepMetrics
+    from otel_rl_swanlab import SwanlabExporter
+    cfg = resolve(env={}, exporters=[], project="req", experiment="e")
+    exp, run = SwanlabExporter(cfg), RunIdentity(cfg.project, cfg.experiment, cfg.run_id)
+    exp.export_records([RunStart(run, {"a": 1}, 0, 1), StepMetrics(run, 1, {"x": 1.0}, 2)])
+    exp.shutdown()
+    print("CHILDREN", [c for c in children if "list" in c])
+""")
+
+
+@pytest.mark.parametrize("uv_on_path", [False, True], ids=["pip", "uv-on-path"])
+def test_requirements_snapshot_is_pips_list_read_in_process(swan_env, tmp_path, uv_on_path):
+    """SwanLab's files/requirements.txt holds what `pip list --format=freeze` prints, read without a pip child
+    process; where SwanLab would ask uv (or pixi) first, SwanLab does it its own way."""
+    from otel_rl_swanlab._requirements import installed_requirements
+
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    if uv_on_path:
+        uv = bindir / "uv"
+        uv.write_text("#!/bin/sh\necho 'from-uv==1.0'\n")
+        uv.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_RL_", "SWANLAB_"))}
+    env.update(SWANLAB_LOG_DIR=str(swan_env), SWANLAB_ROOT=str(tmp_path / "swanroot"),
+               PATH=os.pathsep.join([str(bindir), os.path.dirname(sys.executable), "/usr/bin", "/bin"]))
+    script = tmp_path / "req.py"
+    script.write_text(_REQUIREMENTS_SCRIPT, encoding="utf-8")
+    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (run_dir,) = run_dirs(swan_env)
+    written = (Path(run_dir) / "files" / "requirements.txt").read_text()
+    if uv_on_path:
+        assert written.strip() == "from-uv==1.0"
+        assert "CHILDREN ['pixi list', 'uv pip list --format=freeze']" in proc.stdout, proc.stdout  # SwanLab's order
+        return
+    pip = subprocess.run([sys.executable, "-m", "pip", "list", "--format=freeze"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert pip.returncode == 0, pip.stderr
+    assert written == pip.stdout == installed_requirements()
+    assert len(written.splitlines()) > 10 and "swanlab==" in written
+    assert "CHILDREN []" in proc.stdout, proc.stdout  # no pip (nor pixi, uv) child process

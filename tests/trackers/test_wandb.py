@@ -480,3 +480,43 @@ def test_wandb_init_does_not_start_weave(wandb_dir, tmp_path):
     assert "stats 0" in p.stdout
     assert "API key" not in p.stdout + p.stderr
     _assert_rows(_one_run(wandb_dir, "noweave01"), {1: {"x": 1.5}})
+
+
+_LAUNCH = textwrap.dedent("""
+    import sys
+    stage = sys.argv[1] == "stage"
+    published = []
+    if stage:  # a launch job declaring its inputs before the run starts, as wandb documents it
+        from wandb.sdk.launch import manage_wandb_config
+        from wandb.sdk.launch.inputs import internal
+        original = internal._publish_job_input
+        internal._publish_job_input = lambda inp, run: (published.append(list(inp.include)), original(inp, run))
+        manage_wandb_config(include=["lr"])
+    from otel_rl.config import resolve
+    from otel_rl.exporters import registry
+    from otel_rl.records import RunIdentity, RunStart, StepMetrics
+    exp = registry.create("wandb", resolve())
+    ident = RunIdentity("otel-rl-test", "launch", sys.argv[2])
+    exp.export_records([RunStart(ident, {"lr": 0.1}, 0, 1), StepMetrics(ident, 1, {"x": 1.5}, 2)])
+    exp.shutdown()
+    print("launch imported", "wandb.sdk.launch" in sys.modules, "published", published)
+""")
+
+
+@pytest.mark.parametrize("stage", [False, True], ids=["nothing-staged", "inputs-staged"])
+def test_run_start_imports_wandbs_launch_package_only_when_inputs_were_staged(wandb_dir, tmp_path, stage):
+    """wandb.init applies staged launch inputs by importing wandb's launch package (0.3-0.5 s of CPU time);
+    the exporter skips that only while nothing can have been staged, and the run is the same."""
+    script = tmp_path / "launch.py"
+    script.write_text(_LAUNCH)
+    run_id = "launch1" if stage else "nolaunch1"
+    p = subprocess.run([sys.executable, str(script), "stage" if stage else "-", run_id], env=dict(os.environ),
+                       stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    if stage:  # the inputs staged before the run reached it, as without otel-rl
+        assert "launch imported True published [['lr']]" in p.stdout, p.stdout
+    else:
+        assert "launch imported False published []" in p.stdout, p.stdout
+    data = _one_run(wandb_dir, run_id)
+    assert data.config == {"lr": 0.1}
+    _assert_rows(data, {1: {"x": 1.5}})

@@ -20,6 +20,7 @@ from otel_rl.exporters.tracker import TrackerExporter, on_uncaught_exception, ru
 from otel_rl.records import Generations, RunIdentity, RunStart, StepMetrics, Trajectory, merge_step_metrics
 
 from ._keys import KeyMap, clean_text, warn_once
+from ._requirements import read_requirements_in_process
 
 _log = logging.getLogger("otel_rl")
 
@@ -108,6 +109,7 @@ class SwanlabExporter(TrackerExporter):
         # interpreter exits fails (concurrent.futures cannot register its exit hook any more).
         import swanlab  # noqa: F401
 
+        read_requirements_in_process()  # SwanLab's requirements snapshot without a pip child process
         on_uncaught_exception(_on_uncaught)  # failures before any SwanLab run is open (SwanLab hooks in at init)
         _live.add(self)
         if getattr(config, "trace_backend", None) == self.tracker_name:

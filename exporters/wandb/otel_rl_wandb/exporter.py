@@ -22,6 +22,7 @@ import inspect
 import logging
 import os
 import re
+import sys
 import threading
 import weakref
 from collections.abc import Sequence
@@ -96,6 +97,32 @@ def _config_for_wandb(config: dict[str, Any]) -> dict[str, Any]:
 
 _env_lock = threading.Lock()
 
+#: the module through which launch inputs are staged for the next run (wandb's launch package)
+_LAUNCH_INPUTS = "wandb.sdk.launch.inputs.internal"
+
+
+def _skip_unstaged_launch_inputs(wandb: Any) -> None:
+    """Spare `wandb.init` importing wandb's launch package when nothing can have been staged.
+
+    Each run start ends by applying the "launch inputs" staged for it, which imports
+    ``wandb.sdk.launch`` (its agent and the public API's models: 0.3-0.5 s of CPU time, more in
+    a process with many modules loaded, such as the export process beside MLflow and SwanLab).
+    Inputs are staged only through that very module, so while it is not imported there is
+    nothing to apply: the step is skipped then, and runs as before once it is imported.
+    """
+    run_cls = getattr(getattr(getattr(wandb, "sdk", None), "wandb_run", None), "Run", None)
+    original = getattr(run_cls, "_detect_and_apply_job_inputs", None)
+    if original is None or getattr(original, "_otel_rl_skips_unstaged", False):
+        return
+
+    def _detect_and_apply_job_inputs(self: Any) -> None:
+        if _LAUNCH_INPUTS in sys.modules:
+            original(self)
+
+    _detect_and_apply_job_inputs._otel_rl_skips_unstaged = True  # type: ignore[attr-defined]
+    _detect_and_apply_job_inputs.__doc__ = original.__doc__
+    run_cls._detect_and_apply_job_inputs = _detect_and_apply_job_inputs
+
 
 class _no_weave_autoinit:
     """``WANDB_DISABLE_WEAVE=true`` around our `wandb.init` unless the user set it.
@@ -147,6 +174,7 @@ class WandbExporter(TrackerExporter):
         import wandb  # the missing-dependency error belongs to exporter creation
 
         self._wandb = wandb
+        _skip_unstaged_launch_inputs(wandb)
         self.wants_trajectories = False  # trajectories go to the weave exporter
         if getattr(config, "trace_backend", None) == self.tracker_name:
             warn_once("wandb-trace-backend", "otel-rl: the wandb exporter does not export trajectories; W&B's "
