@@ -500,6 +500,11 @@ _LAUNCH = textwrap.dedent("""
     exp.export_records([RunStart(ident, {"lr": 0.1}, 0, 1), StepMetrics(ident, 1, {"x": 1.5}, 2)])
     exp.shutdown()
     print("launch imported", "wandb.sdk.launch" in sys.modules, "published", published)
+    import json
+    from importlib import metadata
+    import wandb
+    print("HEADERS", getattr(wandb.util.working_set, "_otel_rl_headers", False))
+    print("WANDBS_OWN", json.dumps([f"{d.metadata['Name']}=={d.version}" for d in metadata.distributions()]))
 """)
 
 
@@ -520,3 +525,9 @@ def test_run_start_imports_wandbs_launch_package_only_when_inputs_were_staged(wa
     data = _one_run(wandb_dir, run_id)
     assert data.config == {"lr": 0.1}
     _assert_rows(data, {1: {"x": 1.5}})
+    # the packages the run start recorded (read from the metadata headers): what wandb's own reading gives
+    (run_dir,) = find_run_dirs(wandb_dir, run_id=run_id)
+    written = open(os.path.join(run_dir, "files", "requirements.txt"), encoding="utf-8").read().splitlines()
+    wandbs_own = json.loads(p.stdout.split("WANDBS_OWN ", 1)[1])  # wandb's reading, in that process
+    assert "HEADERS True" in p.stdout
+    assert sorted(written) == sorted(wandbs_own) and len(written) > 10

@@ -16,11 +16,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from otel_rl import semconv as sc
+from otel_rl.exporters.packages import install_swanlab_requirements
 from otel_rl.exporters.tracker import TrackerExporter, on_uncaught_exception, run_failure
 from otel_rl.records import Generations, RunIdentity, RunStart, StepMetrics, Trajectory, merge_step_metrics
 
 from ._keys import KeyMap, clean_text, warn_once
-from ._requirements import read_requirements_in_process
 
 _log = logging.getLogger("otel_rl")
 
@@ -109,7 +109,7 @@ class SwanlabExporter(TrackerExporter):
         # interpreter exits fails (concurrent.futures cannot register its exit hook any more).
         import swanlab  # noqa: F401
 
-        read_requirements_in_process()  # SwanLab's requirements snapshot without a pip child process
+        install_swanlab_requirements()  # its requirements snapshot without a pip child process
         on_uncaught_exception(_on_uncaught)  # failures before any SwanLab run is open (SwanLab hooks in at init)
         _live.add(self)
         if getattr(config, "trace_backend", None) == self.tracker_name:

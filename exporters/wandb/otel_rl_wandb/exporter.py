@@ -30,6 +30,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from otel_rl import semconv as sc
+from otel_rl.exporters.packages import install_wandb_working_set
 from otel_rl.exporters.tracker import TrackerExporter
 from otel_rl.records import Generations, RunIdentity, RunStart, StepMetrics, merge_step_metrics
 from otel_rl.exporters.base import warn_once
@@ -175,6 +176,7 @@ class WandbExporter(TrackerExporter):
 
         self._wandb = wandb
         _skip_unstaged_launch_inputs(wandb)
+        install_wandb_working_set(wandb)  # the packages a run start records, from the metadata headers
         self.wants_trajectories = False  # trajectories go to the weave exporter
         if getattr(config, "trace_backend", None) == self.tracker_name:
             warn_once("wandb-trace-backend", "otel-rl: the wandb exporter does not export trajectories; W&B's "

@@ -1,0 +1,41 @@
+"""otel_rl.exporters.packages: the installed packages from the metadata headers, compared with the full
+metadata parser and with pip itself (the trackers' run files are checked in tests/trackers)."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import subprocess
+import sys
+
+from otel_rl.exporters import packages
+
+
+def test_header_reading_gives_what_the_full_parser_gives_in_the_same_order():
+    full = [(d.metadata["Name"], d.version) for d in importlib.metadata.distributions()]
+    assert list(packages.distributions()) == full
+    assert len(full) > 10
+
+
+def test_pip_freeze_list_is_what_pip_prints():
+    pip = subprocess.run([sys.executable, "-m", "pip", "list", "--format=freeze"], capture_output=True, text=True,
+                         timeout=120)
+    assert pip.returncode == 0, pip.stderr
+    assert packages.pip_freeze_list() == pip.stdout
+
+
+def _dist(tmp_path, name: str, text: str) -> importlib.metadata.Distribution:
+    d = tmp_path / f"{name}.dist-info"
+    d.mkdir()
+    (d / "METADATA").write_text(text, encoding="utf-8")
+    return importlib.metadata.Distribution.at(d)
+
+
+def test_unusual_headers_fall_back_to_the_full_parser(tmp_path):
+    # CRLF line ends, headers in another order, a folded summary
+    crlf = _dist(tmp_path, "a", "Metadata-Version: 2.1\r\nSummary: x\r\n  y\r\nVersion: 1.2\r\nName: pkg-a\r\n\r\nbody\r\n")
+    assert packages.name_version(crlf) == ("pkg-a", "1.2") == (crlf.metadata["Name"], crlf.version)
+    # Version only after the first blank line: not a header; the full parser decides (no version)
+    no_version = _dist(tmp_path, "b", "Metadata-Version: 2.1\nName: pkg-b\n\nVersion: 9\n")
+    assert packages.name_version(no_version) == (no_version.metadata["Name"], no_version.version) == ("pkg-b", None)
+    empty = _dist(tmp_path, "c", "")
+    assert packages.name_version(empty) == (empty.metadata["Name"], empty.version) == (None, None)
