@@ -292,7 +292,8 @@ def lockstep(args: argparse.Namespace, launch: tuple[str, str] = ("on", "off")) 
     print(f"training steps with telemetry on: {(total_on / total_off - 1) * 100:+.1f}% (goal <= +2%); "
           f"wall time {(wall_on / wall_off - 1) * 100:+.1f}%")
     result = {"train_ratio": total_on / total_off, "wall_ratio": wall_on / wall_off, "launch": launch,
-              "faults": (f_on, f_off)}
+              "faults": (f_on, f_off), "first": (on.first_s, off.first_s), "tail": (on.tail_s, off.tail_s),
+              "wall": (wall_on, wall_off)}
     if args.json:
         Path(args.json).write_text(json.dumps({
             "mode": "lockstep", "steps": len(steps), "seed": args.seed, "on_steps": on.steps, "off_steps": off.steps,
@@ -360,6 +361,12 @@ def main() -> None:
               f"{statistics.median(r['wall_ratio'] for r in runs):.3f}")
         print("  page faults of the training thread per step (on/off): "
               + ", ".join(f"{r['faults'][0]:.0f}/{r['faults'][1]:.0f}" for r in runs))
+        for part, label in (("first", "start + setup + step 0"), ("tail", "end: final flush + exit"),
+                            ("wall", "wall time, sum of the parts")):
+            print(f"  {label} (s, on/off): " + ", ".join(f"{r[part][0]:.2f}/{r[part][1]:.2f}" for r in runs)
+                  + f"; medians {statistics.median(r[part][0] for r in runs):.2f}/"
+                  f"{statistics.median(r[part][1] for r in runs):.2f}, paired difference median "
+                  f"{statistics.median(r[part][0] - r[part][1] for r in runs):+.2f}")
         return
     results: dict[str, list[dict]] = {"on": [], "off": []}
     with tempfile.TemporaryDirectory(prefix="bench_demo_") as tmp:

@@ -554,6 +554,7 @@ class _Server:
             try:
                 exp = registry.create(name, config)
                 exp.wants_trajectories = bool(wants_trajectories)  # the trainer's routing decides
+                exp.in_export_process = True
                 self.queues[name] = DeliveryQueue(exp, queue_size, config=config)
                 # optional modules its library tries to import again and again: a missing one is searched
                 # for on the whole sys.path at every attempt

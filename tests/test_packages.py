@@ -39,3 +39,41 @@ def test_unusual_headers_fall_back_to_the_full_parser(tmp_path):
     assert packages.name_version(no_version) == (no_version.metadata["Name"], no_version.version) == ("pkg-b", None)
     empty = _dist(tmp_path, "c", "")
     assert packages.name_version(empty) == (empty.metadata["Name"], empty.version) == (None, None)
+
+
+def _package(tmp_path, monkeypatch, name: str) -> None:
+    pkg = tmp_path / name
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("VALUE = 1\n")
+    (pkg / "sub.py").write_text("VALUE = 2\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, name, raising=False)
+    monkeypatch.delitem(sys.modules, f"{name}.sub", raising=False)
+
+
+def test_hidden_imports_fail_in_this_thread_only_and_only_inside_the_block(tmp_path, monkeypatch):
+    import importlib
+    import threading
+
+    import pytest
+
+    _package(tmp_path, monkeypatch, "otel_rl_hidden_pkg")
+    seen_by_other_thread = []
+    with packages.hidden_imports(["otel_rl_hidden_pkg", "json"]):
+        with pytest.raises(ModuleNotFoundError):
+            importlib.import_module("otel_rl_hidden_pkg")
+        with pytest.raises(ModuleNotFoundError):
+            importlib.import_module("otel_rl_hidden_pkg.sub")
+        import json  # noqa: F401  (already imported: never hidden)
+
+        t = threading.Thread(target=lambda: seen_by_other_thread.append(importlib.import_module("otel_rl_hidden_pkg.sub")))
+        t.start()
+        t.join()
+        sys.modules.pop("otel_rl_hidden_pkg.sub", None)
+        sys.modules.pop("otel_rl_hidden_pkg", None)
+        with packages.hidden_imports([]):  # nested: the outer names stay hidden
+            with pytest.raises(ModuleNotFoundError):
+                importlib.import_module("otel_rl_hidden_pkg")
+    assert [m.VALUE for m in seen_by_other_thread] == [2]
+    assert importlib.import_module("otel_rl_hidden_pkg.sub").VALUE == 2  # after the block: as usual
+    assert "otel_rl_hidden_pkg" not in packages._hider.hidden.get(threading.get_ident(), ())

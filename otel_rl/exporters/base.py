@@ -49,6 +49,9 @@ class Exporter:
     def export_spans(self, spans: Sequence[Any]) -> None:  # pragma: no cover - default
         return None
 
+    #: set by the export process on the exporters it runs (the training process's own exporters: False)
+    in_export_process: bool = False
+
     #: ``prepare(records)`` or None: work that `export_records` would do for these records, done ahead
     #: of their delivery while its queue gathers (see `gathers`); `export_records` of the same records
     #: must give the same result whether or not it ran, and nothing may depend on it having run

@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.abc
 import importlib.metadata
 import importlib.util
 import re
 import shutil
-from collections.abc import Iterator
+import sys
+import threading
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 #: SwanLab's module that gathers its requirements snapshot; its ``get()`` returns the text
@@ -132,5 +135,56 @@ def install_swanlab_requirements() -> bool:
     return True
 
 
-__all__ = ["distributions", "install_swanlab_requirements", "install_wandb_working_set", "name_version",
-           "pip_freeze_list"]
+class _Hider(importlib.abc.MetaPathFinder):
+    """First on ``sys.meta_path``: an import of a hidden package (or of its modules) by the thread that hides it
+    fails as if the package were not installed; every other thread imports as usual."""
+
+    def __init__(self) -> None:
+        self.hidden: dict[int, frozenset[str]] = {}
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
+        names = self.hidden.get(threading.get_ident())
+        if names and name.partition(".")[0] in names:
+            raise ModuleNotFoundError(f"No module named {name!r} (hidden by otel-rl while a tracker library "
+                                      "imports)", name=name)
+        return None
+
+
+_hider = _Hider()
+_hider_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def hidden_imports(names: Iterable[str]) -> Iterator[None]:
+    """Within the block, this thread imports as if the packages `names` were not installed.
+
+    For an optional library that a tracker's import pulls in and the exporter never uses: MLflow's import
+    loads pandas (0.4-0.5 s of CPU time) for its dataset helpers, which MLflow's skinny package offers only
+    when pandas is there.  A package already imported stays usable; other threads are not affected, and after
+    the block this one imports it as usual (what was imported inside keeps having done without it).  Inside,
+    ``importlib.util.find_spec`` of a hidden package raises `ModuleNotFoundError` (where a package that is
+    not installed gives None): a library that probes so while importing fails, and its caller imports it
+    again without hiding (`otel_rl_mlflow`).
+    """
+    names = frozenset(n for n in names if n not in sys.modules)
+    if not names:
+        yield
+        return
+    me = threading.get_ident()
+    with _hider_lock:
+        if _hider not in sys.meta_path:
+            sys.meta_path.insert(0, _hider)
+        outer = _hider.hidden.get(me, frozenset())
+        _hider.hidden[me] = outer | names
+    try:
+        yield
+    finally:
+        with _hider_lock:
+            if outer:
+                _hider.hidden[me] = outer
+            else:
+                _hider.hidden.pop(me, None)
+
+
+__all__ = ["distributions", "hidden_imports", "install_swanlab_requirements", "install_wandb_working_set",
+           "name_version", "pip_freeze_list"]

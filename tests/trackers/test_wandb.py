@@ -494,12 +494,17 @@ _LAUNCH = textwrap.dedent("""
         manage_wandb_config(include=["lr"])
     from otel_rl.config import resolve
     from otel_rl.exporters import registry
-    from otel_rl.records import RunIdentity, RunStart, StepMetrics
+    from otel_rl.records import Generations, RunIdentity, RunStart, StepMetrics
     exp = registry.create("wandb", resolve())
     ident = RunIdentity("otel-rl-test", "launch", sys.argv[2])
-    exp.export_records([RunStart(ident, {"lr": 0.1}, 0, 1), StepMetrics(ident, 1, {"x": 1.5}, 2)])
+    exp.export_records([RunStart(ident, {"lr": 0.1}, 0, 1), StepMetrics(ident, 1, {"x": 1.5}, 2),
+                        Generations(ident, 1, [("q", "a", 1.0)], 3)])
     exp.shutdown()
     print("launch imported", "wandb.sdk.launch" in sys.modules, "published", published)
+    print("pandas imported", "pandas" in sys.modules)  # the table was logged without it
+    import pandas, wandb
+    print("dataframe seen", wandb.util.is_pandas_data_frame(pandas.DataFrame({"a": [1]})),
+          wandb.util.is_pandas_data_frame([[1]]))
     import json
     from importlib import metadata
     import wandb
@@ -530,4 +535,6 @@ def test_run_start_imports_wandbs_launch_package_only_when_inputs_were_staged(wa
     written = open(os.path.join(run_dir, "files", "requirements.txt"), encoding="utf-8").read().splitlines()
     wandbs_own = json.loads(p.stdout.split("WANDBS_OWN ", 1)[1])  # wandb's reading, in that process
     assert "HEADERS True" in p.stdout
+    assert "pandas imported False" in p.stdout and "dataframe seen True False" in p.stdout
+    assert data.table(sc.VAL_GENERATIONS_KEY)["data"] == [[1, "q", "a", 1]]
     assert sorted(written) == sorted(wandbs_own) and len(written) > 10

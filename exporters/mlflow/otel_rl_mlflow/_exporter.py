@@ -38,6 +38,7 @@ from typing import Any
 
 from otel_rl import semconv as sc
 from otel_rl.config import cache_dir
+from otel_rl.exporters.packages import hidden_imports
 from otel_rl.exporters.tracker import TrackerExporter, flatten_config
 from otel_rl.records import Generations, RunIdentity, RunStart, StepMetrics, Trajectory
 
@@ -317,6 +318,8 @@ class MlflowExporter(TrackerExporter):
     #: MLflow's cost calculation tries ``import litellm`` for every LLM span it stores (~0.2 ms when it is
     #: not installed); the export process marks these absent once (`otel_rl._sidecar._mark_absent`)
     probed_modules = ("litellm",)
+    #: what MLflow's import would load for nothing here (`otel_rl.exporters.packages.hidden_imports`)
+    unused_imports = ("pandas",)
 
     def __init__(self, config: Any, tracking_uri: str | None = None):
         super().__init__(config)
@@ -338,8 +341,7 @@ class MlflowExporter(TrackerExporter):
     # -- clients ------------------------------------------------------------------------
     def _clients(self) -> tuple[Any, Any]:
         if self._client is None:
-            from mlflow import MlflowClient
-            from mlflow.tracing.client import TracingClient
+            MlflowClient, TracingClient = self._import_mlflow()
 
             uri = resolve_tracking_uri(self._explicit_uri)
             _create_sqlite_store(uri)
@@ -348,6 +350,24 @@ class MlflowExporter(TrackerExporter):
             self._client = client
             self.tracking_uri = uri
         return self._client, self._tracing
+
+    def _import_mlflow(self) -> tuple[Any, Any]:
+        """MLflow's client classes.  In the export process MLflow is imported without the optional libraries
+        this exporter never uses (`unused_imports`: pandas, for MLflow's dataset helpers; MLflow's skinny
+        package runs without it); should that import fail, it is imported again as it comes."""
+        hide = self.unused_imports if self.in_export_process else ()
+        try:
+            with hidden_imports(hide):
+                from mlflow import MlflowClient
+                from mlflow.tracing.client import TracingClient
+        except ImportError:
+            if not hide:
+                raise
+            _log.debug("otel-rl: MLflow could not be imported without %s; importing it as it comes", hide,
+                       exc_info=True)
+            from mlflow import MlflowClient
+            from mlflow.tracing.client import TracingClient
+        return MlflowClient, TracingClient
 
     def _warn_once(self, key: str, msg: str, *args: Any) -> None:
         if key not in self._warned:

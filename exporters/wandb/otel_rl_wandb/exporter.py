@@ -125,6 +125,28 @@ def _skip_unstaged_launch_inputs(wandb: Any) -> None:
     run_cls._detect_and_apply_job_inputs = _detect_and_apply_job_inputs
 
 
+def _dataframe_check_without_importing_pandas(wandb: Any) -> None:
+    """Spare wandb importing pandas to tell that a logged value is not a DataFrame.
+
+    ``wandb.util.is_pandas_data_frame`` imports pandas (0.4-0.5 s of CPU time) whenever it is installed,
+    and wandb asks it of every value that is not a number or a string: the validation table does, at its
+    first log.  No object can be a DataFrame while pandas is not imported, so the answer is then False
+    without the import; once pandas is imported, wandb's own check runs.
+    """
+    util = getattr(wandb, "util", None)
+    original = getattr(util, "is_pandas_data_frame", None)
+    if not callable(original) or getattr(original, "_otel_rl_no_import", False):
+        return
+
+    def is_pandas_data_frame(obj: Any) -> bool:
+        if "pandas" not in sys.modules:
+            return False
+        return original(obj)
+
+    is_pandas_data_frame._otel_rl_no_import = True  # type: ignore[attr-defined]
+    util.is_pandas_data_frame = is_pandas_data_frame
+
+
 class _no_weave_autoinit:
     """``WANDB_DISABLE_WEAVE=true`` around our `wandb.init` unless the user set it.
 
@@ -177,6 +199,7 @@ class WandbExporter(TrackerExporter):
         self._wandb = wandb
         _skip_unstaged_launch_inputs(wandb)
         install_wandb_working_set(wandb)  # the packages a run start records, from the metadata headers
+        _dataframe_check_without_importing_pandas(wandb)
         self.wants_trajectories = False  # trajectories go to the weave exporter
         if getattr(config, "trace_backend", None) == self.tracker_name:
             warn_once("wandb-trace-backend", "otel-rl: the wandb exporter does not export trajectories; W&B's "
