@@ -493,6 +493,7 @@ class _Server:
         self.stop_event = threading.Event()
         self._dropped_failed: dict[str, int] = {}
         self._gc_settle_by: float | None = None  # set while the cyclic GC waits for the runs to open
+        self.training_pid = os.getppid()  # the training process started this one
 
     def send(self, msg: Any) -> None:
         with self.wlock:
@@ -555,6 +556,7 @@ class _Server:
                 exp = registry.create(name, config)
                 exp.wants_trajectories = bool(wants_trajectories)  # the trainer's routing decides
                 exp.in_export_process = True
+                exp.training_pid = self.training_pid
                 self.queues[name] = DeliveryQueue(exp, queue_size, config=config)
                 # optional modules its library tries to import again and again: a missing one is searched
                 # for on the whole sys.path at every attempt

@@ -51,6 +51,8 @@ class Exporter:
 
     #: set by the export process on the exporters it runs (the training process's own exporters: False)
     in_export_process: bool = False
+    #: there, the pid of the training process it serves (a tracker's system metrics belong to that one)
+    training_pid: int | None = None
 
     #: ``prepare(records)`` or None: work that `export_records` would do for these records, done ahead
     #: of their delivery while its queue gathers (see `gathers`); `export_records` of the same records

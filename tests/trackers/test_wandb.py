@@ -538,3 +538,45 @@ def test_run_start_imports_wandbs_launch_package_only_when_inputs_were_staged(wa
     assert "pandas imported False" in p.stdout and "dataframe seen True False" in p.stdout
     assert data.table(sc.VAL_GENERATIONS_KEY)["data"] == [[1, "q", "a", 1]]
     assert sorted(written) == sorted(wandbs_own) and len(written) > 10
+
+
+_STATS_SCRIPT = textwrap.dedent("""
+    import time
+    import otel_rl
+    ballast = b"x" * (600 << 20)  # this training process's memory: 600 MB more than the export process has
+    h = otel_rl.init(project="otel-rl-test", experiment="stats", exporters=["wandb"], batch_delay_s=0.05,
+                     export_process="true")
+    for n in range(1, 9):
+        otel_rl.log({"x": float(n)}, step=n)
+        time.sleep(0.5)
+    h.shutdown()
+    print("remote", [type(e).__name__ for e in h.exporters])
+""")
+
+
+def test_system_metrics_are_the_training_processs_from_the_export_process(wandb_dir, tmp_path):
+    """wandb's system metrics (process memory, CPU, threads) describe the process that calls wandb.init;
+    from the export process they are set to describe the training process, as when wandb runs in it."""
+    script = tmp_path / "stats.py"
+    script.write_text(_STATS_SCRIPT)
+    env = dict(os.environ, OTEL_RL_RUN_ID="stats01", WANDB_X_STATS_SAMPLING_INTERVAL="1")
+    p = subprocess.run([sys.executable, str(script)], env=env, stdin=subprocess.DEVNULL, capture_output=True,
+                       text=True, timeout=180)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "RemoteExporter" in p.stdout  # wandb ran in the export process
+    data = _one_run(wandb_dir, "stats01")
+    _assert_rows(data, {n: {"x": float(n)} for n in range(1, 9)})
+    from otel_rl_wandb.reader import iter_records, run_file
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    rss = []
+    with open(run_file(find_run_dirs(wandb_dir, run_id="stats01")[0]), "rb") as f:
+        for raw in iter_records(f.read()):
+            if raw is None:
+                continue
+            rec = pb.Record()
+            rec.ParseFromString(raw)
+            if rec.WhichOneof("record_type") == "stats":
+                rss += [float(i.value_json) for i in rec.stats.item if i.key == "proc.memory.rssMB"]
+    assert rss, "no system metrics recorded"
+    assert max(rss) > 600, rss  # the training process's memory, ballast included

@@ -234,8 +234,18 @@ class WandbExporter(TrackerExporter):
         # verl: trainer.wandb_proxy -> wandb.Settings(https_proxy=...); the in-process config is
         # not secret-scrubbed, so it wins over the run start's copy
         proxy = _proxy_from(getattr(self.config, "verl_config", None)) or _proxy_from(config)
-        if proxy:
-            kwargs["settings"] = self._wandb.Settings(https_proxy=proxy)
+        settings: dict[str, Any] = {"https_proxy": proxy} if proxy else {}
+        if self.training_pid and not os.environ.get("WANDB_X_STATS_PID"):
+            # in the export process: wandb's system metrics (the run's "System" charts: the process's CPU,
+            # memory, threads) are those of the training process, as when wandb runs in it
+            settings["x_stats_pid"] = self.training_pid
+        if settings:
+            try:
+                kwargs["settings"] = self._wandb.Settings(**settings)
+            except Exception:  # a wandb without that setting: its system metrics are this process's
+                settings.pop("x_stats_pid", None)
+                if settings:
+                    kwargs["settings"] = self._wandb.Settings(**settings)
         return kwargs
 
     def open_run(self, run: RunIdentity, start: RunStart | None) -> WandbRun:
