@@ -8,6 +8,9 @@ interpreter importing pip: ~0.5 s).  Here the same names and versions come from 
 lines only (~0.05 s), the full parser taking over for a file whose headers do not give both.  The
 exporters hand these to their tracker (`install_wandb_working_set`, `install_swanlab_requirements`);
 the text the tracker writes is unchanged, which the tests compare.
+
+`hidden_imports` lets one thread import a tracker's library as if an optional package were not
+installed (MLflow without pandas, in the export process).
 """
 
 from __future__ import annotations
