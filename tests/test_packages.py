@@ -16,11 +16,17 @@ def test_header_reading_gives_what_the_full_parser_gives_in_the_same_order():
     assert len(full) > 10
 
 
-def test_pip_freeze_list_is_what_pip_prints():
+def test_pip_freeze_list_is_what_pip_prints(tmp_path):
+    # both in a fresh interpreter: this one's sys.path may hold more (Ray, once imported, adds its vendored
+    # packages), which pip, started as a child process, would not see
+    ours = subprocess.run([sys.executable, "-c", "import sys; from otel_rl.exporters import packages; "
+                           "sys.stdout.write(packages.pip_freeze_list())"], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)
     pip = subprocess.run([sys.executable, "-m", "pip", "list", "--format=freeze"], capture_output=True, text=True,
-                         timeout=120)
-    assert pip.returncode == 0, pip.stderr
-    assert packages.pip_freeze_list() == pip.stdout
+                         timeout=120, cwd=tmp_path)
+    assert pip.returncode == 0 and ours.returncode == 0, pip.stderr + ours.stderr
+    assert ours.stdout == pip.stdout
+    assert len(pip.stdout.splitlines()) > 10
 
 
 def _dist(tmp_path, name: str, text: str) -> importlib.metadata.Distribution:

@@ -67,7 +67,9 @@ def pip_freeze_list() -> str:
     """What ``python -m pip list --format=freeze`` prints for this interpreter's ``sys.path``.
 
     One ``Name==version`` line per distribution (the first found on ``sys.path`` for a name), sorted by the
-    normalized name, pip's own exclusions left out.
+    normalized name, pip's own exclusions left out.  This process's ``sys.path``: where it holds more than a
+    fresh interpreter's (Ray, once imported, adds its vendored packages), those are listed too, which pip
+    started as a child process would not see.
     """
     found: dict[str, str] = {}
     for name, version in distributions():
