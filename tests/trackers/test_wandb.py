@@ -507,7 +507,6 @@ _LAUNCH = textwrap.dedent("""
           wandb.util.is_pandas_data_frame([[1]]))
     import json
     from importlib import metadata
-    import wandb
     print("HEADERS", getattr(wandb.util.working_set, "_otel_rl_headers", False))
     print("WANDBS_OWN", json.dumps([f"{d.metadata['Name']}=={d.version}" for d in metadata.distributions()]))
 """)
@@ -548,7 +547,9 @@ _STATS_SCRIPT = textwrap.dedent("""
                      export_process="true")
     for n in range(1, 9):
         otel_rl.log({"x": float(n)}, step=n)
-        time.sleep(0.5)
+        time.sleep(0.2)
+    assert h.flush(120)  # the wandb run is open
+    time.sleep(3.5)  # wandb samples its system metrics every second here
     h.shutdown()
     print("remote", [type(e).__name__ for e in h.exporters])
 """)
