@@ -555,8 +555,7 @@ class _Server:
             try:
                 exp = registry.create(name, config)
                 exp.wants_trajectories = bool(wants_trajectories)  # the trainer's routing decides
-                exp.in_export_process = True
-                exp.training_pid = self.training_pid
+                exp.training_pid = self.training_pid  # (and so `in_export_process`)
                 self.queues[name] = DeliveryQueue(exp, queue_size, config=config)
                 # optional modules its library tries to import again and again: a missing one is searched
                 # for on the whole sys.path at every attempt

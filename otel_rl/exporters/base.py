@@ -49,10 +49,13 @@ class Exporter:
     def export_spans(self, spans: Sequence[Any]) -> None:  # pragma: no cover - default
         return None
 
-    #: set by the export process on the exporters it runs (the training process's own exporters: False)
-    in_export_process: bool = False
-    #: there, the pid of the training process it serves (a tracker's system metrics belong to that one)
+    #: set by the export process on the exporters it runs: the pid of the training process it serves (a
+    #: tracker's system metrics belong to that one); None for the training process's own exporters
     training_pid: int | None = None
+
+    @property
+    def in_export_process(self) -> bool:
+        return self.training_pid is not None
 
     #: ``prepare(records)`` or None: work that `export_records` would do for these records, done ahead
     #: of their delivery while its queue gathers (see `gathers`); `export_records` of the same records

@@ -742,7 +742,7 @@ from otel_rl.config import resolve
 from otel_rl.records import RunIdentity, RunStart, StepMetrics
 from otel_rl_mlflow import MlflowExporter
 exp = MlflowExporter(resolve(env={}, exporters=[]), tracking_uri=sys.argv[1])
-exp.in_export_process = True  # as the export process marks it
+exp.training_pid = 1  # as the export process marks it (in_export_process)
 ident = RunIdentity("import-test", "e", "importrun" + sys.argv[2])
 exp.export_records([RunStart(ident, {"a": 1}, 0, time.time()), StepMetrics(ident, 1, {"x": 1.5}, time.time())])
 exp.shutdown()
