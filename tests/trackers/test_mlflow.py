@@ -747,13 +747,17 @@ ident = RunIdentity("import-test", "e", "importrun" + sys.argv[2])
 exp.export_records([RunStart(ident, {"a": 1}, 0, time.time()), StepMetrics(ident, 1, {"x": 1.5}, time.time())])
 exp.shutdown()
 print("pandas imported", "pandas" in sys.modules)
+print("pygments imported", "pygments" in sys.modules)
+import mako.exceptions
+print("mako highlights", mako.exceptions.pygments_html_formatter is not None)
 """
 
 
 @pytest.mark.parametrize("how", ["plain", "probing"])
 def test_export_process_imports_mlflow_without_pandas(tmp_path, how):
-    """In the export process MLflow is imported without pandas (its dataset helpers, ~0.5 s of CPU time);
-    should that import fail, MLflow is imported as it comes.  The run is written either way."""
+    """In the export process MLflow is imported, and its store opened, without pandas (its dataset helpers,
+    ~0.5 s of CPU time) and pygments (mako's error-page highlighting, ~0.3 s); should that fail, MLflow is
+    imported as it comes.  The run is written either way."""
     uri = f"sqlite:///{tmp_path}/imp.db"
     script = tmp_path / "imp.py"
     script.write_text(_IMPORT_SCRIPT)
@@ -761,6 +765,8 @@ def test_export_process_imports_mlflow_without_pandas(tmp_path, how):
                        cwd=tmp_path, env={**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"})
     assert p.returncode == 0, p.stderr[-3000:]
     assert f"pandas imported {how == 'probing'}" in p.stdout, p.stdout + p.stderr[-2000:]
+    assert f"pygments imported {how == 'probing'}" in p.stdout, p.stdout + p.stderr[-2000:]
+    assert f"mako highlights {how == 'probing'}" in p.stdout, p.stdout + p.stderr[-2000:]
     client = MlflowClient(uri)
     (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
     assert run.data.params == {"a": "1"}

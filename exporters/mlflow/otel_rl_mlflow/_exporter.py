@@ -318,8 +318,11 @@ class MlflowExporter(TrackerExporter):
     #: MLflow's cost calculation tries ``import litellm`` for every LLM span it stores (~0.2 ms when it is
     #: not installed); the export process marks these absent once (`otel_rl._sidecar._mark_absent`)
     probed_modules = ("litellm",)
-    #: what MLflow's import would load for nothing here (`otel_rl.exporters.packages.hidden_imports`)
-    unused_imports = ("pandas",)
+    #: what MLflow's import and its store's opening would load for nothing here
+    #: (`otel_rl.exporters.packages.hidden_imports`): pandas for MLflow's dataset helpers; pygments for the
+    #: syntax highlighting of mako's HTML error pages (mako is a dependency of alembic, which MLflow's sqlalchemy
+    #: store imports for its migrations; mako falls back to plain text without pygments)
+    unused_imports = ("pandas", "pygments")
 
     def __init__(self, config: Any, tracking_uri: str | None = None):
         super().__init__(config)
@@ -341,33 +344,32 @@ class MlflowExporter(TrackerExporter):
     # -- clients ------------------------------------------------------------------------
     def _clients(self) -> tuple[Any, Any]:
         if self._client is None:
-            MlflowClient, TracingClient = self._import_mlflow()
-
-            uri = resolve_tracking_uri(self._explicit_uri)
-            _create_sqlite_store(uri)
-            client = MlflowClient(tracking_uri=uri)  # raises for an unusable URI: retried later
-            self._tracing = TracingClient(uri)
-            self._client = client
-            self.tracking_uri = uri
+            hide = self.unused_imports if self.in_export_process else ()
+            try:
+                with hidden_imports(hide):
+                    self._open_clients()
+            except ImportError:
+                if not hide:
+                    raise
+                _log.debug("otel-rl: MLflow could not be imported without %s; importing it as it comes", hide,
+                           exc_info=True)
+                self._open_clients()
         return self._client, self._tracing
 
-    def _import_mlflow(self) -> tuple[Any, Any]:
-        """MLflow's client classes.  In the export process MLflow is imported without the optional libraries
-        this exporter never uses (`unused_imports`: pandas, for MLflow's dataset helpers; MLflow's skinny
-        package runs without it); should that import fail, it is imported again as it comes."""
-        hide = self.unused_imports if self.in_export_process else ()
-        try:
-            with hidden_imports(hide):
-                from mlflow import MlflowClient
-                from mlflow.tracing.client import TracingClient
-        except ImportError:
-            if not hide:
-                raise
-            _log.debug("otel-rl: MLflow could not be imported without %s; importing it as it comes", hide,
-                       exc_info=True)
-            from mlflow import MlflowClient
-            from mlflow.tracing.client import TracingClient
-        return MlflowClient, TracingClient
+    def _open_clients(self) -> None:
+        """MLflow's clients for the tracking URI (a new sqlite store created first).  `_clients` calls it, in
+        the export process without the optional libraries this exporter never uses (`unused_imports`;
+        MLflow's skinny package runs without pandas): MLflow's import and its store's opening load them;
+        should that fail, it is called again as MLflow comes."""
+        from mlflow import MlflowClient
+        from mlflow.tracing.client import TracingClient
+
+        uri = resolve_tracking_uri(self._explicit_uri)
+        _create_sqlite_store(uri)
+        client = MlflowClient(tracking_uri=uri)  # raises for an unusable URI: retried later
+        self._tracing = TracingClient(uri)
+        self._client = client
+        self.tracking_uri = uri
 
     def _warn_once(self, key: str, msg: str, *args: Any) -> None:
         if key not in self._warned:
