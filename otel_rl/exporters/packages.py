@@ -10,7 +10,7 @@ exporters hand these to their tracker (`install_wandb_working_set`, `install_swa
 the text the tracker writes is unchanged, which the tests compare.
 
 `hidden_imports` lets one thread import a tracker's library as if an optional package were not
-installed (MLflow without pandas, in the export process).
+installed (MLflow without pandas and pygments, in the export process).
 """
 
 from __future__ import annotations
