@@ -351,16 +351,15 @@ class MlflowExporter(TrackerExporter):
             except ImportError:
                 if not hide:
                     raise
-                _log.debug("otel-rl: MLflow could not be imported without %s; importing it as it comes", hide,
-                           exc_info=True)
+                _log.debug("otel-rl: MLflow could not be imported, or its store opened, without %s; doing it again "
+                           "as MLflow comes", hide, exc_info=True)
                 self._open_clients()
         return self._client, self._tracing
 
     def _open_clients(self) -> None:
-        """MLflow's clients for the tracking URI (a new sqlite store created first).  `_clients` calls it, in
-        the export process without the optional libraries this exporter never uses (`unused_imports`;
-        MLflow's skinny package runs without pandas): MLflow's import and its store's opening load them;
-        should that fail, it is called again as MLflow comes."""
+        """MLflow's clients for the tracking URI (a new sqlite store created first).  In the export process
+        `_clients` calls it with the optional libraries this exporter never uses hidden (`unused_imports`),
+        which MLflow's import and its store's opening would load; should that fail, again as MLflow comes."""
         from mlflow import MlflowClient
         from mlflow.tracing.client import TracingClient
 
