@@ -1103,6 +1103,9 @@ class Pipeline:
             if key is None:
                 continue
             del pending[sid]
+            if len(entry) == 2:  # (tokenizer, FROM_OUTPUT): the ids travel in the op's output copy
+                jobs[sid] = (key, entry[1])
+                continue
             tok, p, r = entry
             try:
                 jobs[sid] = (key, None if p is None else _as_list(p), None if r is None else _as_list(r))
@@ -1237,8 +1240,9 @@ class Receiver:
     def put(self, records: list, names: Sequence[str], wire: list | None = None,
             resource_attrs: dict | None = None, seq: int = 0) -> None:
         if wire:
-            from ._token2text import decode_packed
+            from ._token2text import decode_packed, resolve_packed
 
+            resolve_packed(wire)  # token2text ids to be read from the ops' output copies: before they become text
             for t in wire:  # ops' inputs and outputs copied as bytes: their JSON text (serialize.snapshot)
                 materialize(t[6], self.max_chars)
             decode_packed(wire, self.tokenizers, self.max_chars)  # the token2text jobs shipped with them

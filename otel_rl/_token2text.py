@@ -1,9 +1,12 @@
 """token2text: decode `prompt_ids` / `response_ids` of op outputs off the training thread.
 
-The op wrapper (caller thread) only stores a reference to the tokenizer and a
-copy of the id lists in `pending[span_id]`; later the ids of a whole batch are
-decoded with one `batch_decode` call per tokenizer, and the op's output JSON
-gains `prompt_text` / `response_text`.  That happens in the pipeline's thread
+The op wrapper (caller thread) only stores a reference to the tokenizer in
+`pending[span_id]`, with a copy of the id lists -- or, when the op's output is a
+dict copied whole as plain data (`serialize.snapshot`), the mark `FROM_OUTPUT`:
+the ids are then read from that copy where they are decoded (`ids_from_output`),
+and the training process neither copies nor ships them a second time.  Later
+the ids of a whole batch are decoded with one `batch_decode` call per
+tokenizer, and the op's output JSON gains `prompt_text` / `response_text`.  That happens in the pipeline's thread
 (`decode_fields`) for what is consumed in the training process, or, for spans
 shipped packed to the export process, there (`decode_packed`): the tokenizer
 travels once, pickled, and the ids travel with their span.
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import pickle
 from typing import Any
 
 from opentelemetry.sdk.trace import ReadableSpan
@@ -25,15 +29,57 @@ from .serialize import _dumps, materialize, to_json
 _log = logging.getLogger("otel_rl")
 
 
-def extract_ids(output: Any) -> tuple[Any, Any] | None:
-    """(prompt_ids, response_ids) from a dict or an object, or None."""
+#: a pending entry's second item when the ids are to be read from the op's output copy (an entry is then
+#: ``(tokenizer, FROM_OUTPUT)``; a shipped job ``(tokenizer key, FROM_OUTPUT)``)
+FROM_OUTPUT = "output"
+#: the mark is used only for output copies this many times smaller than `max_chars`: the JSON text made of
+#: such a copy is never cut (a plain value's JSON is at most ~6 times the size of its pickle), so its ids
+#: can always be read back from that text too (`ids_from_output`)
+_COPY_TO_TEXT = 8
+
+
+def raw_ids(output: Any) -> tuple[Any, Any] | None:
+    """(prompt_ids, response_ids) of a dict or an object, as they are (not copied), or None."""
     if isinstance(output, dict):
         p, r = output.get(sc.PROMPT_IDS), output.get(sc.RESPONSE_IDS)
     else:
         p, r = getattr(output, sc.PROMPT_IDS, None), getattr(output, sc.RESPONSE_IDS, None)
     if p is None and r is None:
         return None
-    return _snapshot(p), _snapshot(r)
+    return p, r
+
+
+def pending_entry(tokenizer: Any, output: Any, copy: Any, max_chars: int, ids: tuple | None) -> tuple | None:
+    """What `pending[span_id]` holds for an op with `output` whose attribute is `copy` (`serialize.snapshot`);
+    `ids`: `raw_ids(output)` when known.  None when the output has no ids."""
+    if type(copy) is bytes and type(output) is dict and len(copy) * _COPY_TO_TEXT <= max_chars:
+        if sc.PROMPT_IDS in output or sc.RESPONSE_IDS in output:
+            return (tokenizer, FROM_OUTPUT)  # the copy holds them as they are now
+        return None
+    if ids is None:
+        ids = raw_ids(output)
+    if ids is None:
+        return None
+    return (tokenizer, _snapshot(ids[0]), _snapshot(ids[1]))
+
+
+def ids_from_output(value: Any) -> tuple[Any, Any] | None:
+    """(prompt_ids, response_ids) read back from an op output attribute: the copy (bytes) or its JSON
+    text (a whole object); None when it holds none or cannot be read."""
+    try:
+        obj = pickle.loads(value) if type(value) is bytes else json.loads(value) if isinstance(value, str) else None
+    except Exception:
+        return None
+    return raw_ids(obj) if isinstance(obj, dict) else None
+
+
+def resolve_entry(entry: tuple, attributes: Any) -> tuple | None:
+    """A pending entry with its ids: `entry` itself, or for a `FROM_OUTPUT` one the ids read from the op's
+    output in `attributes` ((tokenizer, prompt ids, response ids); None when they cannot be read)."""
+    if len(entry) != 2:
+        return entry
+    ids = ids_from_output((attributes or {}).get(sc.RL_OP_OUTPUT))
+    return None if ids is None else (entry[0], *ids)
 
 
 def _snapshot(ids: Any) -> Any:
@@ -75,10 +121,12 @@ def decode_fields(spans: list, pending: dict[int, tuple], sids: list[int] | None
     """Decode the ids noted for `spans` (their entries leave `pending`): span id -> the text fields.
     `sids`: the spans' ids, when the caller has them already."""
     jobs = []  # (span id, tokenizer, prompt_ids, response_ids)
-    for sid in (span_ids(spans) if sids is None else sids):
+    for span, sid in zip(spans, span_ids(spans) if sids is None else sids):
         entry = pending.pop(sid, None)
         if entry is not None:
-            jobs.append((sid, *entry))
+            entry = resolve_entry(entry, span._attributes if type(span) is LightSpan else span.attributes)
+            if entry is not None:
+                jobs.append((sid, *entry))
     if not jobs:
         return {}
     by_tok: dict[int, tuple[Any, list]] = {}
@@ -118,11 +166,13 @@ def _decode_pairs(tokenizer: Any, pairs: list[tuple[Any, Any]]) -> list[dict[str
 
 def decode_packed(packed: list, tokenizers: dict[int, Any], max_chars: int) -> None:
     """Packed spans (`otel_rl._wire`) that carry ids to decode (an 11th item: tokenizer key, prompt
-    ids, response ids): decode them, one batch per tokenizer, and merge the texts into their
-    attributes, in place.  A key without a tokenizer (it could not be loaded here) loses its texts."""
+    ids, response ids; or tokenizer key, `FROM_OUTPUT`: the ids are in the op's output): decode them,
+    one batch per tokenizer, and merge the texts into their attributes, in place.  A key without a
+    tokenizer (it could not be loaded here) loses its texts."""
+    resolve_packed(packed)
     by_key: dict[int, list] = {}
     for t in packed:
-        if len(t) > 10 and t[10] is not None:
+        if len(t) > 10 and t[10] is not None and len(t[10]) == 3:
             by_key.setdefault(t[10][0], []).append(t)
     for key, spans in by_key.items():
         tokenizer = tokenizers.get(key)
@@ -133,6 +183,16 @@ def decode_packed(packed: list, tokenizers: dict[int, Any], max_chars: int) -> N
         for t, fields in zip(spans, _decode_pairs(tokenizer, [t[10][1:] for t in spans])):
             if fields:
                 merge_texts(t[6], fields, max_chars)
+
+
+def resolve_packed(packed: list) -> None:
+    """The `FROM_OUTPUT` jobs of packed spans with their ids, read from the op's output (in place; a job
+    whose ids cannot be read is dropped).  Best before the outputs' copies are made into text
+    (`serialize.materialize`): the ids are then exactly the ones the op returned."""
+    for i, t in enumerate(packed):
+        if len(t) > 10 and t[10] is not None and len(t[10]) == 2:
+            ids = ids_from_output(t[6].get(sc.RL_OP_OUTPUT))
+            packed[i] = (*t[:10], None if ids is None else (t[10][0], *ids))
 
 
 def drop(spans: list, pending: dict[int, tuple], sids: list[int] | None = None) -> None:

@@ -26,7 +26,7 @@ from . import semconv as sc
 from ._context import attach_span, current_span, detach
 from ._pipeline import TrajectoryStat
 from ._runtime import RT, STEP, TRAJECTORY
-from ._token2text import _span_id, extract_ids
+from ._token2text import _span_id, pending_entry, raw_ids
 from .serialize import snapshot, to_json
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -417,7 +417,7 @@ def _finish_op_span(span: Any, meta: _OpMeta, result: Any, args: tuple) -> None:
     ids = None
     if meta.kind == _KIND_LLM:
         try:
-            ids = extract_ids(result)
+            ids = raw_ids(result)  # (only their lengths are read here)
             pin, pout = _usage_from(result, ids)
             if pin is not None:
                 attrs[sc.GEN_AI_USAGE_INPUT_TOKENS] = int(pin)
@@ -426,14 +426,13 @@ def _finish_op_span(span: Any, meta: _OpMeta, result: Any, args: tuple) -> None:
         except Exception:
             pass
     if RT.token2text:
-        if ids is None:
-            ids = extract_ids(result)
-        if ids is not None:
-            tok = RT.tokenizer
-            if tok is None and meta.is_method and args:
-                tok = getattr(args[0], "tokenizer", None)
-            if tok is not None:
-                RT.pipeline.pending_decode[_span_id(span)] = (tok, *ids)
+        tok = RT.tokenizer
+        if tok is None and meta.is_method and args:
+            tok = getattr(args[0], "tokenizer", None)
+        if tok is not None:
+            entry = pending_entry(tok, result, text, RT.max_chars, ids)
+            if entry is not None:
+                RT.pipeline.pending_decode[_span_id(span)] = entry
 
 
 def _wrap(fn: Callable, meta: _OpMeta) -> Callable:

@@ -1229,6 +1229,80 @@ def test_token2text_is_batched_off_thread():
         assert all(ident != main and name == "otel-rl-pipeline" for ident, name, _, _ in tok.calls)
 
 
+def test_token2text_reads_the_ids_from_the_output_copy():
+    """An op whose output is a dict of plain data: the training thread notes only the tokenizer (the ids are
+    read from the output's copy where they are decoded), and the texts are those of the ids as the op
+    returned them, whatever the caller does to its lists afterwards."""
+    from otel_rl._token2text import FROM_OUTPUT
+
+    tok = LetterTokenizer()
+    with capture(token2text=True, tokenizer=tok, batch_delay_s=5.0) as cap:
+        ro = Rollout()
+        with otel_rl.trajectory(step=0, sample_index=0):
+            prompt, response = [0, 1], [2]
+            out = ro.run(prompt, response)
+            entries = list(RT.pipeline.pending_decode.values())
+            prompt.append(3)  # the caller goes on with its lists (as an agent loop does with its context)
+            response[0] = 25
+        assert out["prompt_ids"] == [0, 1, 3]
+        assert entries == [(tok, FROM_OUTPUT)]  # no ids copied on the training thread
+        cap.collect()
+        node = only(one_trajectory(cap).root.find("Rollout.run"))
+        assert output_of(node) == {"prompt_ids": [0, 1], "response_ids": [2], "prompt_text": "ab",
+                                   "response_text": "c"}
+
+
+@pytest.mark.parametrize("case", ["tensor", "large", "object"])
+def test_token2text_ids_copied_when_the_output_is_not_a_small_plain_copy(case):
+    """Ids in an output that is not copied as plain data (a tensor), whose copy is too large to be sure its
+    JSON text is not cut, or that is an object rather than a dict: the training thread copies the ids, and
+    they are decoded all the same."""
+
+    class Out:
+        def __init__(self, p, r):
+            self.prompt_ids, self.response_ids = p, r
+
+    class Ops:
+        tokenizer = LetterTokenizer()
+
+        @otel_rl.op
+        def run(self, p, r):
+            if case == "tensor":
+                return {"prompt_ids": torch.tensor(p), "response_ids": r}
+            if case == "large":
+                return {"prompt_ids": p, "response_ids": r, "pad": "x" * 200}
+            return Out(p, r)
+
+    with capture(token2text=True, batch_delay_s=5.0, max_value_chars=1000) as cap:
+        with otel_rl.trajectory(step=0, sample_index=0):
+            Ops().run([0, 1], [2])
+            entries = list(RT.pipeline.pending_decode.values())
+        assert len(entries) == 1 and len(entries[0]) == 3
+        assert [list(map(int, ids)) for ids in entries[0][1:]] == [[0, 1], [2]]
+        cap.collect()
+        node = only([n for n in one_trajectory(cap).root.walk() if n.name.endswith("Ops.run")])
+        texts = (output_of(node)["prompt_text"], output_of(node)["response_text"]) if case != "object" else (
+            node.attributes.get(sc.PROMPT_TEXT), node.attributes.get(sc.RESPONSE_TEXT))
+        assert texts == ("ab", "c")
+
+
+def test_token2text_with_a_span_processor_of_the_users():
+    """With a span processor of the user's own, op spans reach the pipeline as the SDK's spans, their outputs
+    already JSON text: the ids are read back from that text, for both the user's processor and otel-rl."""
+    tok = LetterTokenizer()
+    mem = InMemorySpanExporter()
+    with capture(token2text=True, tokenizer=tok) as cap:
+        cap.handle.tracer_provider.add_span_processor(SimpleSpanProcessor(mem))
+        with otel_rl.trajectory(step=0, sample_index=0):
+            Rollout().run([4, 0], [1, 2])
+        cap.collect()
+        node = only(one_trajectory(cap).root.find("Rollout.run"))
+        assert output_of(node) == {"prompt_ids": [4, 0], "response_ids": [1, 2], "prompt_text": "ea",
+                                   "response_text": "bc"}
+        mine = only([s for s in mem.get_finished_spans() if s.name == "Rollout.run"])
+        assert json.loads(mine.attributes[sc.RL_OP_OUTPUT]) == {"prompt_ids": [4, 0], "response_ids": [1, 2]}
+
+
 # ----------------------------------------------------------------------------- unsampled trajectories
 
 
