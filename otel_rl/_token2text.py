@@ -6,10 +6,11 @@ dict copied whole as plain data (`serialize.snapshot`), the mark `FROM_OUTPUT`:
 the ids are then read from that copy where they are decoded (`ids_from_output`),
 and the training process neither copies nor ships them a second time.  Later
 the ids of a whole batch are decoded with one `batch_decode` call per
-tokenizer, and the op's output JSON gains `prompt_text` / `response_text`.  That happens in the pipeline's thread
-(`decode_fields`) for what is consumed in the training process, or, for spans
-shipped packed to the export process, there (`decode_packed`): the tokenizer
-travels once, pickled, and the ids travel with their span.
+tokenizer, and the op's output JSON gains `prompt_text` / `response_text`.
+That happens in the pipeline's thread (`decode_fields`) for what is consumed in
+the training process, or, for spans shipped packed to the export process, there
+(`decode_packed`): the tokenizer travels once, pickled, and the ids travel with
+their span.
 """
 
 from __future__ import annotations
