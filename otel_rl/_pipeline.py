@@ -1240,12 +1240,13 @@ class Receiver:
     def put(self, records: list, names: Sequence[str], wire: list | None = None,
             resource_attrs: dict | None = None, seq: int = 0) -> None:
         if wire:
-            from ._token2text import decode_packed, resolve_packed
+            from ._token2text import decode_packed
 
-            resolve_packed(wire)  # token2text ids to be read from the ops' output copies: before they become text
+            # the token2text jobs shipped with them, first: ids still to be read from an op output's copy are
+            # then read from the copy itself (the spans given texts have their copies made into text there)
+            decode_packed(wire, self.tokenizers, self.max_chars)
             for t in wire:  # ops' inputs and outputs copied as bytes: their JSON text (serialize.snapshot)
                 materialize(t[6], self.max_chars)
-            decode_packed(wire, self.tokenizers, self.max_chars)  # the token2text jobs shipped with them
         with self._lock:
             trajs = self._builder.build(unpack(wire, resource_attrs or {}, seq)) if wire else []
         self.deliver(list(records) + trajs, names, seq)

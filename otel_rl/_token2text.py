@@ -188,8 +188,8 @@ def decode_packed(packed: list, tokenizers: dict[int, Any], max_chars: int) -> N
 
 def resolve_packed(packed: list) -> None:
     """The `FROM_OUTPUT` jobs of packed spans with their ids, read from the op's output (in place; a job
-    whose ids cannot be read is dropped).  Best before the outputs' copies are made into text
-    (`serialize.materialize`): the ids are then exactly the ones the op returned."""
+    whose ids cannot be read is dropped).  Before the outputs' copies are made into text
+    (`serialize.materialize`, as `decode_packed` is called), the ids are exactly the ones the op returned."""
     for i, t in enumerate(packed):
         if len(t) > 10 and t[10] is not None and len(t[10]) == 2:
             ids = ids_from_output(t[6].get(sc.RL_OP_OUTPUT))
