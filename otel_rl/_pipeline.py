@@ -984,6 +984,9 @@ class Pipeline:
             self._deferring = False
             try:
                 self._drain()
+                remote = self.remote
+                if remote is not None:
+                    remote.ship_console()
             except Exception:  # never let the worker die
                 _log.exception("otel-rl: pipeline worker error")
             if self._stopping and not self._items:

@@ -55,7 +55,9 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
+from ._console import ConsoleTee
 from ._pipeline import DeliveryQueue, ExporterStats, Receiver, wait_all_idle
+from ._values import warn_once
 from .exporters.base import Exporter
 from .exporters.tracker import on_uncaught_exception, run_failure
 from .records import Trajectory
@@ -276,6 +278,13 @@ class SidecarClient:
             os.close(w_out)
         self._w = os.fdopen(w_in, "wb", buffering=1 << 16)
         self._r = os.fdopen(r_out, "rb", buffering=1 << 16)
+        # this process's console, for the tracker runs there that record one (`otel_rl._console`)
+        self.console: ConsoleTee | None = None
+        self._console_lost = 0
+        if getattr(config, "forward_console", True) and any(getattr(e.exporter_class, "captures_console", False)
+                                                            for e in self.exporters):
+            self.console = ConsoleTee()
+            self.console.install()
         self._out.append(("hello", config, [(e.name, e.wants_trajectories) for e in self.exporters],
                           getattr(config, "queue_size", 100_000)))
         self._sender = threading.Thread(target=self._send_loop, name="otel-rl-export-process-send", daemon=True)
@@ -333,6 +342,26 @@ class SidecarClient:
         else:
             self.dropped += n_items
 
+    def ship_console(self) -> None:
+        """Hand what this process wrote to its console since the last call to the export process (the
+        pipeline's worker calls it after each batch; also `flush` and `request_stop`)."""
+        tee = self.console
+        if tee is None:
+            return
+        chunks = tee.take()
+        lost = tee.lost_chars - self._console_lost
+        if lost > 0:
+            self._console_lost = tee.lost_chars
+            chunks.append(("stderr", f"otel-rl: {lost} characters of the console output are missing here (more than "
+                                     f"{tee.max_chars} were waiting to be forwarded to the tracker runs)\n"))
+        if chunks:
+            self.control(("console", chunks))
+
+    def _stop_console(self) -> None:
+        if self.console is not None:
+            self.console.uninstall()
+            self.ship_console()
+
     def control(self, msg: tuple) -> None:
         with self._cond:
             if self.alive:
@@ -342,6 +371,7 @@ class SidecarClient:
     def flush(self, timeout_s: float) -> bool:
         """True once the child has delivered everything sent before this call."""
         deadline = time.monotonic() + timeout_s
+        self.ship_console()
         with self._cond:
             target = self._seq
             if self.alive and self._flushed >= target:
@@ -361,6 +391,7 @@ class SidecarClient:
         return self._adopted.wait(max(0.0, deadline - time.monotonic()))
 
     def request_stop(self, timeout_s: float | None = None) -> None:
+        self._stop_console()  # the tracker runs are about to finish: what is printed later stays here
         with self._cond:
             if self._stop_sent or not self.alive:
                 return
@@ -450,6 +481,8 @@ class SidecarClient:
                 self._unsettled_items -= self._unsettled.popleft()[1]
 
     def _ended(self) -> None:
+        if self.console is not None:
+            self.console.uninstall()  # exporters taken over in this process capture its console themselves
         with self._cond:
             self.alive = False
             stopped = self._stopped.is_set()
@@ -607,6 +640,18 @@ class _Server:
         self.receiver.put(records, names, wire, resource_attrs, seq)
         self.received = seq
 
+    def console(self, chunks: list[tuple[str, str]]) -> None:
+        """The training process's console output, for the exporters whose tracker records one."""
+        for q in self.queues.values():
+            write = getattr(q.exporter, "write_console", None)
+            if write is None:
+                continue
+            try:
+                write(chunks)
+            except Exception as exc:
+                warn_once(f"console:{q.name}", "otel-rl: exporter %r could not take the console output: %s",
+                          q.name, exc)
+
     def _missing(self, name: str, n: int) -> None:
         if name in self.errors:  # an exporter that could not start: what it misses is counted as dropped
             self._dropped_failed[name] = self._dropped_failed.get(name, 0) + n
@@ -678,6 +723,8 @@ class _Server:
                 self.start(msg[1], msg[2], msg[3])
             elif kind == "tokenizer":
                 self.add_tokenizer(msg[1], msg[2])
+            elif kind == "console":
+                self.console(msg[1])
         self.stop(stop_budget, failure)
 
 

@@ -85,6 +85,7 @@ class Config:
     export_process: str = "auto"  # auto/true: tracker exporters run in a child process | false: in-process
     export_process_nice: int = 19  # the child's niceness increment: training keeps the CPU when both want it
     export_process_idle: bool = True  # Linux: the child runs under SCHED_IDLE (only CPU time nothing else wants)
+    forward_console: bool = True  # the training process's console to the tracker runs in the export process
     export_process_cpus: str | None = None  # Linux: CPUs the child may run on ("last", or a list like "6,7" / "4-7")
     set_global_provider: bool = False
     disabled: bool = False
@@ -126,6 +127,7 @@ ENV_KEYS: dict[str, str] = {
     "OTEL_RL_EXPORT_PROCESS": "export_process",
     "OTEL_RL_EXPORT_PROCESS_NICE": "export_process_nice",
     "OTEL_RL_EXPORT_PROCESS_IDLE": "export_process_idle",
+    "OTEL_RL_FORWARD_CONSOLE": "forward_console",
     "OTEL_RL_EXPORT_PROCESS_CPUS": "export_process_cpus",
     "OTEL_EXPORTER_PROMETHEUS_HOST": "prometheus_host",
     "OTEL_EXPORTER_PROMETHEUS_PORT": "prometheus_port",
@@ -367,7 +369,7 @@ def _as_names(name: str, v: Any) -> tuple[str, ...]:
 
 def _coerce(field: str, v: Any, source: str) -> Any:
     label = f"{field} (from {source})"
-    if field in ("token2text", "set_global_provider", "disabled", "export_process_idle"):
+    if field in ("token2text", "set_global_provider", "disabled", "export_process_idle", "forward_console"):
         return _as_bool(label, v)
     if field == "tracing":
         return None if v is None else _as_bool(label, v)

@@ -715,6 +715,92 @@ def test_wandb_through_the_export_process(wandb_dir):  # noqa: F811
     assert table["data"] == [[3, "问题", "答案", 1, "q2", "a2", 0.5]]
 
 
+CONSOLE_TRAINER = textwrap.dedent("""
+    import json, logging, sys, otel_rl
+    h = otel_rl.init(project="otel-rl-test", experiment="console", exporters=["wandb", "swanlab"],
+                     batch_delay_s=0.05, export_process="true")
+    print(json.dumps({"exporters": [type(e).__name__ for e in h.exporters],
+                      "imported": [m for m in ("wandb", "swanlab") if m in sys.modules]}), flush=True)
+    print("before the runs open: line 1")  # the runs open at the first delivery: kept until then
+    for n in range(1, 4):
+        otel_rl.log({"x": float(n)}, step=n)
+        print(f"step {n}: 训练 reward={n / 4}")
+        sys.stderr.write(f"warning at step {n}\\n")
+        if n == 2:
+            assert h.flush(120)
+    logging.basicConfig(stream=sys.stderr, format="%(levelname)s %(message)s")
+    logging.getLogger("trainer").warning("from logging")
+    sys.stdout.write("no newline yet, ")
+    sys.stdout.write("then one\\n")
+    h.shutdown()
+    print("after shutdown: stays in this process")
+""")
+
+
+@pytest.mark.parametrize("forward", [True, False])
+def test_the_training_processs_console_goes_to_the_wandb_and_swanlab_runs(wandb_dir, swan_env, tmp_path,
+                                                                          forward):
+    """wandb and SwanLab record the console of the process that opens their run; run in the export process
+    they get the training process's (forward_console), as when they run in it."""
+    from otel_rl_wandb.reader import find_run_dirs
+    from trackers.test_wandb import _wandb_env
+
+    script = tmp_path / "console_trainer.py"
+    script.write_text(CONSOLE_TRAINER, encoding="utf-8")
+    env = clean_env(SWANLAB_LOG_DIR=str(swan_env), SWANLAB_ROOT=str(tmp_path / "swanroot"), OTEL_RL_RUN_ID="console01",
+                    **_wandb_env(wandb_dir))
+    if not forward:
+        env["OTEL_RL_FORWARD_CONSOLE"] = "false"
+    t = LineProcess([sys.executable, str(script)], env, tmp_path, "console")
+    try:
+        info = t.wait_event(lambda e: "exporters" in e, 60)
+        assert t.wait(180) == 0, t.stderr()[-3000:]
+    finally:
+        t.kill()
+    assert info == {"exporters": ["RemoteExporter", "RemoteExporter"], "imported": []}  # both in the export process
+    # the terminal gets every line once, as written
+    printed = ["before the runs open: line 1", "step 1: 训练 reward=0.25", "step 2: 训练 reward=0.5",
+               "step 3: 训练 reward=0.75", "no newline yet, then one", "after shutdown: stays in this process"]
+    assert [line for line in t.lines if line in printed] == printed  # (the export process prints there too)
+    err = t.stderr()
+    for n in (1, 2, 3):
+        assert err.count(f"warning at step {n}\n") == 1
+    assert err.count("WARNING from logging") == 1
+    trainer_lines = ["before the runs open: line 1", "step 1: 训练 reward=0.25", "warning at step 1",
+                     "step 2: 训练 reward=0.5", "warning at step 2", "step 3: 训练 reward=0.75", "warning at step 3",
+                     "WARNING from logging", "no newline yet, then one"]
+
+    # wandb: the run's output.log (what its Logs tab shows), written by wandb from the console records
+    data = _one_run(wandb_dir, "console01")
+    _assert_rows(data, {n: {"x": float(n)} for n in (1, 2, 3)})
+    (run_dir,) = find_run_dirs(wandb_dir, run_id="console01")
+    log_file = Path(run_dir) / "files" / "output.log"
+    if forward:
+        wb_lines = [line.rstrip("\r") for line in log_file.read_text(encoding="utf-8").splitlines()]
+        found = [line for line in wb_lines if line in trainer_lines]
+        assert found == trainer_lines, wb_lines  # every line of the training process, in order
+        assert "after shutdown: stays in this process" not in wb_lines
+    else:
+        text = log_file.read_text(encoding="utf-8") if log_file.exists() else ""
+        assert not any(line in text for line in trainer_lines), text
+
+    # SwanLab: the run's console log records
+    r = _only_run(swan_env)
+    assert set(r.scalars) == {1, 2, 3}
+    swan_lines = [line for _, line in r.logs]
+    if forward:
+        found = [line for line in swan_lines if line in trainer_lines]
+        # stdout and stderr are two streams there, each in order
+        assert [x for x in found if not x.startswith(("warning", "WARNING"))] == [
+            x for x in trainer_lines if not x.startswith(("warning", "WARNING"))], swan_lines
+        assert [x for x in found if x.startswith(("warning", "WARNING"))] == [
+            x for x in trainer_lines if x.startswith(("warning", "WARNING"))], swan_lines
+        assert dict((line, level) for level, line in r.logs)["warning at step 1"] in ("LOG_LEVEL_INFO",
+                                                                                         "LOG_LEVEL_ERROR")
+    else:
+        assert not any(line in trainer_lines for line in swan_lines), swan_lines
+
+
 # ----------------------------------------------------------------------------- 8. config
 
 

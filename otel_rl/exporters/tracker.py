@@ -15,6 +15,7 @@ needs the same way:
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
@@ -36,6 +37,11 @@ class TrackerExporter(Exporter):
     export_process_auto: bool = True
     #: deliveries gathered over `export_interval_s` (docs/delivery.md)
     gathers = True
+    #: its runs record the console of the process that opened them: in the export process they get the
+    #: training process's instead (`write_console`, `otel_rl._console`)
+    captures_console = False
+    #: console text kept for a run not open yet, at most (characters)
+    console_pending_max = 1 << 20
 
     @classmethod
     def routing(cls, config: Any) -> bool:
@@ -53,6 +59,10 @@ class TrackerExporter(Exporter):
         self._written: dict[tuple[int, str], Any] = {}
         self._inflight: Any = None  # the batch being retried; a different batch resets the progress
         self.wants_trajectories = type(self).routing(config)
+        self._console_lock = threading.Lock()
+        self._console_pending: list[tuple[str, str]] = []
+        self._console_pending_chars = 0
+        self._console_dropped = 0
 
     # -- to implement ----------------------------------------------------------------
     def open_run(self, run: RunIdentity, start: RunStart | None) -> Any:
@@ -73,6 +83,49 @@ class TrackerExporter(Exporter):
     def close_run(self, handle: Any) -> None:
         return None
 
+    def console_to_run(self, handle: Any, chunks: list[tuple[str, str]]) -> None:
+        """Add the training process's console output (``("stdout" | "stderr", text)`` in order) to the
+        run `handle`, as the tracker's own console capture would (`captures_console` trackers)."""
+        return None
+
+    # -- console (export process) ------------------------------------------------------------
+    def write_console(self, chunks: list[tuple[str, str]]) -> None:
+        """The training process's console output, from the export process's main thread: to every open
+        run, or kept (up to `console_pending_max` characters) for the first run to open."""
+        if not self.captures_console or not chunks:
+            return
+        with self._console_lock:
+            handles = list(self.runs.values())
+            if not handles or self._console_pending:
+                for stream, text in chunks:
+                    if self._console_pending_chars + len(text) > self.console_pending_max:
+                        self._console_dropped += len(text)
+                        continue
+                    self._console_pending.append((stream, text))
+                    self._console_pending_chars += len(text)
+                if not handles:
+                    return
+                chunks = self._take_console_pending()
+            for h in handles:
+                self.console_to_run(h, chunks)
+
+    def _take_console_pending(self) -> list[tuple[str, str]]:
+        chunks, self._console_pending, self._console_pending_chars = self._console_pending, [], 0
+        if self._console_dropped:
+            chunks.append(("stderr", f"otel-rl: {self._console_dropped} characters of the training process's console "
+                                     f"output, printed before this run opened, are missing here (more than "
+                                     f"{self.console_pending_max} were waiting)\n"))
+            self._console_dropped = 0
+        return chunks
+
+    def _run_opened(self, handle: Any) -> None:
+        if not getattr(self, "_console_pending", None) and not getattr(self, "_console_dropped", 0):
+            return
+        with self._console_lock:
+            chunks = self._take_console_pending()
+            if chunks:
+                self.console_to_run(handle, chunks)
+
     # -- machinery -------------------------------------------------------------------------
     def export_records(self, records: Sequence[Any]) -> None:
         if records is not self._inflight:
@@ -88,6 +141,7 @@ class TrackerExporter(Exporter):
             if handle is None:
                 handle = self.runs[ident] = self.open_run(ident, starts[0] if starts else None)
                 starts = starts[1:]
+                self._run_opened(handle)
             for s in starts:
                 self._once(s, "config", lambda s=s: self.update_config(handle, s))
             parts = (

@@ -102,6 +102,7 @@ class SwanlabExporter(TrackerExporter):
     tracker_name = "swanlab"
     exports_trajectories = False
     traces_only_as_backend = True
+    captures_console = True
 
     def __init__(self, config: Any):
         super().__init__(config)
@@ -169,6 +170,24 @@ class SwanlabExporter(TrackerExporter):
         self._finish(handle)
         if self._active is handle:
             self._active = None
+
+    def console_to_run(self, handle: _Run, chunks: list[tuple[str, str]]) -> None:
+        """The training process's console into the active run's console log, through SwanLab's terminal
+        proxy (what its own capture of stdout and stderr feeds); nothing when the run records no console
+        (``terminal.proxy_type="none"``) or is not the active one."""
+        run = handle.run
+        if run is None or handle is not self._active or not _alive(run):
+            return
+        proxy = getattr(getattr(run, "_components", None), "terminal", None)
+        if proxy is not None and type(proxy).__name__ == "NullTerminalProxy":
+            return  # this run records no console
+        out, err = getattr(proxy, "_on_stdout_write", None), getattr(proxy, "_on_stderr_write", None)
+        if out is None or err is None:
+            warn_once("swanlab-console", "otel-rl: this SwanLab version offers no way to add the training "
+                      "process's console output to the run; its log holds the export process's")
+            return
+        for stream, text in chunks:
+            (err if stream == "stderr" else out)(text)
 
     # -- lifecycle --------------------------------------------------------------------------
     def flush(self, timeout_s: float = 10.0) -> None:

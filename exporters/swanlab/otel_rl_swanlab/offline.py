@@ -35,6 +35,7 @@ class OfflineRun:
     media: dict[str, dict[int, list[Path]]]  # key -> step -> payload files
     config: dict[str, Any]
     record_counts: dict[str, int]
+    logs: list[tuple[str, str]] = dataclasses.field(default_factory=list)  # (level, line): the console log
 
     def table(self, key: str, step: int) -> dict[str, Any]:
         """An echarts.Table logged at `step` as ``{"headers": [...], "rows": [[...], ...]}``."""
@@ -68,6 +69,7 @@ def read_run(run_dir: str | Path) -> OfflineRun:
     from swanlab.proto.swanlab.metric.column.v1.column_pb2 import ColumnType
     from swanlab.proto.swanlab.record.v1.record_pb2 import Record
     from swanlab.proto.swanlab.run.v1.run_pb2 import RunState
+    from swanlab.proto.swanlab.terminal.v1.log_pb2 import LogLevel
     from swanlab.sdk.internal.core_python.store import DataStoreReader
 
     run_dir = Path(run_dir)
@@ -77,6 +79,7 @@ def read_run(run_dir: str | Path) -> OfflineRun:
     scalars: dict[int, dict[str, float]] = {}
     media: dict[str, dict[int, list[Path]]] = {}
     counts: dict[str, int] = {}
+    logs: list[tuple[str, str]] = []
     start: Any = None
     state = None
     try:
@@ -97,12 +100,15 @@ def read_run(run_dir: str | Path) -> OfflineRun:
                 sub = _MEDIA_DIRS.get(ColumnType.Name(m.type), ColumnType.Name(m.type).lower())
                 files = [run_dir / "media" / sub / item.filename for item in m.value.items]
                 media.setdefault(m.key, {})[int(m.step)] = files
+            elif kind == "log":
+                logs.append((LogLevel.Name(rec.log.level), rec.log.line))
     finally:
         reader.close()
     return OfflineRun(run_dir=run_dir, run_id=start.id if start else "", project=start.project if start else "",
                       name=start.name if start else "",
                       started_at=start.started_at.ToNanoseconds() / 1e9 if start else 0.0,
-                      state=state, scalars=scalars, media=media, config=read_config(run_dir), record_counts=counts)
+                      state=state, scalars=scalars, media=media, config=read_config(run_dir), record_counts=counts,
+                      logs=logs)
 
 
 def read_config(run_dir: str | Path) -> dict[str, Any]:

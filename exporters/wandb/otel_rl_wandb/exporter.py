@@ -191,6 +191,7 @@ class WandbExporter(TrackerExporter):
 
     tracker_name = "wandb"
     exports_trajectories = False
+    captures_console = True
 
     def __init__(self, config: Any):
         super().__init__(config)
@@ -287,6 +288,23 @@ class WandbExporter(TrackerExporter):
         except Exception as exc:
             warn_once(f"wandb-finish:{type(exc).__name__}", "otel-rl: wandb run %s did not finish cleanly: %s",
                       handle.ident.run_id, exc)
+
+    def console_to_run(self, handle: WandbRun, chunks: list[tuple[str, str]]) -> None:
+        """The training process's console into the run's log (``output.log``, the Logs tab), by the
+        callback wandb's own console capture calls with what it captures; nothing when the run
+        records no console (``console="off"``, ``WANDB_CONSOLE=off``)."""
+        run = handle.run
+        if run is None or getattr(run, "_is_finished", False):
+            return
+        if str(getattr(getattr(run, "settings", None), "console", "")) == "off":
+            return
+        write = getattr(run, "_console_raw_callback", None)
+        if write is None:
+            warn_once("wandb-console", "otel-rl: this wandb version offers no way to add the training process's "
+                      "console output to the run; its log holds the export process's")
+            return
+        for stream, text in chunks:
+            write(stream, text)
 
     # -- delivery ------------------------------------------------------------------------
     def export_records(self, records: Sequence[Any]) -> None:
