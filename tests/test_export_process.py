@@ -737,11 +737,13 @@ CONSOLE_TRAINER = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("forward", [True, False])
+@pytest.mark.parametrize("setting", ["on", "off", "runs without a console"])
 def test_the_training_processs_console_goes_to_the_wandb_and_swanlab_runs(wandb_dir, swan_env, tmp_path,
-                                                                          forward):
+                                                                          setting):
     """wandb and SwanLab record the console of the process that opens their run; run in the export process
-    they get the training process's (forward_console), as when they run in it."""
+    they get the training process's (forward_console), as when they run in it -- unless forward_console is
+    off, or the runs are set to record no console."""
+    forward = setting == "on"
     from otel_rl_wandb.reader import find_run_dirs
     from trackers.test_wandb import _wandb_env
 
@@ -749,8 +751,10 @@ def test_the_training_processs_console_goes_to_the_wandb_and_swanlab_runs(wandb_
     script.write_text(CONSOLE_TRAINER, encoding="utf-8")
     env = clean_env(SWANLAB_LOG_DIR=str(swan_env), SWANLAB_ROOT=str(tmp_path / "swanroot"), OTEL_RL_RUN_ID="console01",
                     **_wandb_env(wandb_dir))
-    if not forward:
+    if setting == "off":
         env["OTEL_RL_FORWARD_CONSOLE"] = "false"
+    elif setting == "runs without a console":
+        env.update(WANDB_CONSOLE="off", SWANLAB_TERMINAL_PROXY_TYPE="none")
     t = LineProcess([sys.executable, str(script)], env, tmp_path, "console")
     try:
         info = t.wait_event(lambda e: "exporters" in e, 60)
