@@ -35,10 +35,6 @@ class ConsoleTee:
         # (stream, our write, the write it replaced, whether that one was set on the stream object itself)
         self._installed: list[tuple[Any, Any, Any, bool]] = []
 
-    @property
-    def active(self) -> bool:
-        return self._active
-
     def install(self) -> None:
         """Start copying (both streams); a stream whose ``write`` cannot be replaced is left alone."""
         if self._active:

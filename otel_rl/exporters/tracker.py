@@ -119,7 +119,7 @@ class TrackerExporter(Exporter):
         return chunks
 
     def _run_opened(self, handle: Any) -> None:
-        if not getattr(self, "_console_pending", None) and not getattr(self, "_console_dropped", 0):
+        if not self._console_pending and not self._console_dropped:
             return
         with self._console_lock:
             chunks = self._take_console_pending()
