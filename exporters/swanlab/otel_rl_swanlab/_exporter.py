@@ -20,6 +20,7 @@ from otel_rl.exporters.packages import install_swanlab_requirements
 from otel_rl.exporters.tracker import TrackerExporter, on_uncaught_exception, run_failure
 from otel_rl.records import Generations, RunIdentity, RunStart, StepMetrics, Trajectory, merge_step_metrics
 
+from ._console import ConsoleLines
 from ._keys import KeyMap, clean_text, warn_once
 
 _log = logging.getLogger("otel_rl")
@@ -84,6 +85,7 @@ class _Run:
         self.values: dict[str, float] = {}  # the held row (SwanLab keys)
         self.gens: list[tuple[str, str, float]] = []  # generation rows of the held step
         self.written: OrderedDict[int, set[str]] = OrderedDict()  # recent steps -> keys already sent
+        self.console: ConsoleLines | None = None  # the training process's console lines, per stream
 
     def label(self) -> str:
         i = self.ident
@@ -172,15 +174,27 @@ class SwanlabExporter(TrackerExporter):
             self._active = None
 
     def console_to_run(self, handle: _Run, chunks: list[tuple[str, str]]) -> None:
-        """The training process's console into the active run's console log, through SwanLab's terminal
-        proxy (what its own capture of stdout and stderr feeds); nothing when the run records no console
-        (``terminal.proxy_type="none"``) or is not the active one."""
+        """The training process's console into the active run's console log, as the lines SwanLab's own
+        capture would record (`ConsoleLines`: a terminal per stream of the training process, apart from the
+        export process's own); nothing when the run records no console (``terminal.proxy_type="none"``) or
+        is not the active one."""
         run = handle.run
         if run is None or handle is not self._active or not _alive(run):
             return
         proxy = getattr(getattr(run, "_components", None), "terminal", None)
         if proxy is not None and type(proxy).__name__ == "NullTerminalProxy":
             return  # this run records no console
+        emit = getattr(proxy, "_emit_line", None)
+        emulator = getattr(proxy, "_stdout_emulator", None)
+        if emit is not None and emulator is not None:
+            if handle.console is None:
+                handle.console = ConsoleLines(type(emulator))
+            for stream, text in chunks:
+                for line in handle.console.write(stream, text):
+                    emit(line)
+            return
+        # a SwanLab without these parts: through its capture's queues (its emulators, shared with this
+        # process's own output)
         out, err = getattr(proxy, "_on_stdout_write", None), getattr(proxy, "_on_stderr_write", None)
         if out is None or err is None:
             warn_once("swanlab-console", "otel-rl: this SwanLab version offers no way to add the training "
@@ -188,6 +202,16 @@ class SwanlabExporter(TrackerExporter):
             return
         for stream, text in chunks:
             (err if stream == "stderr" else out)(text)
+
+    def _console_finish(self, state: _Run) -> None:
+        """The training process's unfinished console lines into `state`'s run before it finishes, as
+        SwanLab's proxy does with its own when it stops."""
+        with self._console_lock:
+            lines, state.console = (state.console.finish() if state.console is not None else []), None
+        emit = getattr(getattr(getattr(state.run, "_components", None), "terminal", None), "_emit_line", None)
+        if emit is not None:
+            for line in lines:
+                emit(line)
 
     # -- lifecycle --------------------------------------------------------------------------
     def flush(self, timeout_s: float = 10.0) -> None:
@@ -316,6 +340,12 @@ class SwanlabExporter(TrackerExporter):
         _mark_failed(state, text)  # the run is finished as crashed / aborted
 
     def _finish(self, state: _Run) -> None:
+        if state.console is not None and state.run is not None and _alive(state.run):
+            try:
+                self._console_finish(state)
+            except Exception as exc:  # the run is finished below all the same
+                warn_once("swanlab-console-finish", "otel-rl: the training process's last console lines could "
+                          "not be added to the SwanLab run: %s", exc)
         run, state.run = state.run, None
         if run is not None and state.owned and _alive(run):
             if _crash is not None:  # the process is ending with an uncaught exception
