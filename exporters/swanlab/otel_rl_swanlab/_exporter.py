@@ -64,6 +64,16 @@ def _number(value: Any) -> float:
         return math.inf if value > 0 else -math.inf
 
 
+def _console_parts(proxy: Any) -> tuple[Any, type] | None:
+    """(a run's way to add a log line, SwanLab's terminal emulator class) from its terminal proxy, or None
+    for a SwanLab without them (private parts: looked up, never assumed)."""
+    emit = getattr(proxy, "_emit_line", None)
+    emulator = getattr(proxy, "_stdout_emulator", None)
+    if emit is None or emulator is None:
+        return None
+    return emit, type(emulator)
+
+
 def _alive(run: Any) -> bool:
     alive = getattr(run, "alive", None)
     return True if alive is None else bool(alive)
@@ -184,11 +194,11 @@ class SwanlabExporter(TrackerExporter):
         proxy = getattr(getattr(run, "_components", None), "terminal", None)
         if proxy is not None and type(proxy).__name__ == "NullTerminalProxy":
             return  # this run records no console
-        emit = getattr(proxy, "_emit_line", None)
-        emulator = getattr(proxy, "_stdout_emulator", None)
-        if emit is not None and emulator is not None:
+        parts = _console_parts(proxy)
+        if parts is not None:
+            emit, emulator_class = parts
             if handle.console is None:
-                handle.console = ConsoleLines(type(emulator))
+                handle.console = ConsoleLines(emulator_class)
             for stream, text in chunks:
                 for line in handle.console.write(stream, text):
                     emit(line)
@@ -208,10 +218,10 @@ class SwanlabExporter(TrackerExporter):
         SwanLab's proxy does with its own when it stops."""
         with self._console_lock:
             lines, state.console = (state.console.finish() if state.console is not None else []), None
-        emit = getattr(getattr(getattr(state.run, "_components", None), "terminal", None), "_emit_line", None)
-        if emit is not None:
+        parts = _console_parts(getattr(getattr(state.run, "_components", None), "terminal", None))
+        if parts is not None:
             for line in lines:
-                emit(line)
+                parts[0](line)
 
     # -- lifecycle --------------------------------------------------------------------------
     def flush(self, timeout_s: float = 10.0) -> None:
