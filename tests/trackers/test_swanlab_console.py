@@ -99,6 +99,16 @@ def test_random_text_in_random_writes_gives_swanlabs_lines():
         assert our_lines(chunks) == swanlab_lines(chunks), chunks
 
 
+def test_a_line_written_a_character_at_a_time_is_kept_in_pieces():
+    """A line that grows over many writes is joined once, when it ends (not copied at every write)."""
+    lines = ConsoleLines(TerminalEmulator)
+    for _ in range(100_000):
+        assert lines.write("stdout", ".") == []
+    assert lines._partial["stdout"][:2] == [".", "."]
+    assert lines.write("stdout", "!\nnext") == ["." * 100_000 + "!"]
+    assert lines.finish() == ["next"]
+
+
 def test_without_swanlabs_emulator_text_is_taken_as_it_comes():
     lines = ConsoleLines(None)
     assert lines.write("stdout", "a\rb\n c  \nd") == ["a\rb", " c"]

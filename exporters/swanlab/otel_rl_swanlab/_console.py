@@ -40,7 +40,8 @@ class ConsoleLines:
 
     def __init__(self, emulator_class: Callable[[], Any] | None):
         self._emulator_class = emulator_class  # SwanLab's TerminalEmulator (None: plain text only)
-        self._partial: dict[str, str] = {}  # stream -> its unfinished last line (plain streams)
+        # stream -> its unfinished last line, in the pieces written (plain streams; joined once it ends)
+        self._partial: dict[str, list[str]] = {}
         self._emulators: dict[str, Any] = {}  # stream -> its emulator, once it wrote more than plain text
         # stream -> its last finished lines (plain streams): what its emulator holds above the cursor line
         self._kept = int(getattr(emulator_class, "_MAX_LINES", 1024)) - 1
@@ -51,10 +52,14 @@ class ConsoleLines:
         emulator = self._emulators.get(stream)
         if emulator is None:
             if self._emulator_class is None or not _NOT_PLAIN.search(text):
-                lines = (self._partial.pop(stream, "") + text).split("\n")
+                if "\n" not in text:
+                    if text:
+                        self._partial.setdefault(stream, []).append(text)
+                    return []
+                lines = ("".join(self._partial.pop(stream, ())) + text).split("\n")
                 last = lines.pop()
                 if last:
-                    self._partial[stream] = last
+                    self._partial[stream] = [last]
                 lines = [line.rstrip(" ") for line in lines]
                 if lines and self._emulator_class is not None:
                     history = self._history.get(stream)
@@ -64,7 +69,7 @@ class ConsoleLines:
                 return lines
             emulator = self._emulators[stream] = self._emulator_class()
             history = self._history.pop(stream, ())
-            emulator.write("".join(line + "\n" for line in history) + self._partial.pop(stream, ""))
+            emulator.write("".join(line + "\n" for line in history) + "".join(self._partial.pop(stream, ())))
             emulator.read()  # those lines are out already
         emulator.write(text)
         return [line for line, finished in emulator.read() if finished]
@@ -73,7 +78,7 @@ class ConsoleLines:
         """The unfinished last lines (blank ones left out), as SwanLab's proxy emits them when it stops."""
         out = []
         for stream in ("stdout", "stderr"):
-            last = self._partial.pop(stream, "").rstrip(" ")
+            last = "".join(self._partial.pop(stream, ())).rstrip(" ")
             if last:
                 out.append(last)
             emulator = self._emulators.pop(stream, None)
