@@ -22,6 +22,7 @@ import subprocess
 import sys
 import textwrap
 from importlib import metadata
+from pathlib import Path
 
 import pytest
 
@@ -581,3 +582,30 @@ def test_system_metrics_are_the_training_processs_from_the_export_process(wandb_
                 rss += [float(i.value_json) for i in rec.stats.item if i.key == "proc.memory.rssMB"]
     assert rss, "no system metrics recorded"
     assert max(rss) > 600, rss  # the training process's memory, ballast included
+
+
+# ----------------------------------------------------------------------------- console
+
+
+def test_the_training_processs_console_goes_to_the_run_in_whole_lines(wandb_dir):
+    """The run's terminal is shared with this process's own output (here: wandb's own capture callback, as
+    for what this process prints).  The training process's text goes there in whole lines: this process's
+    line printed while a progress bar of the trainer's is unfinished stays a line of its own, the bar's
+    last state one of its own, and an unfinished last line reaches the log when the run ends."""
+    cfg = resolve({"trainer": {"project_name": "p", "experiment_name": "e"}}, run_id="console02")
+    exp = WandbExporter(cfg)
+    ident = RunIdentity("p", "e", "console02")
+    exp.export_records([StepMetrics(ident, 1, {"x": 1.0}, 1)])
+    handle = exp.runs[ident]
+    exp.write_console([("stderr", "  0%|     |\r 40%|##   |"), ("stdout", "step:1 - x:1.0\nstep:2 - ")])
+    handle.run._console_raw_callback("stderr", "a warning of the export process\n")  # its own output
+    exp.write_console([("stderr", "\r100%|#####|\n"), ("stdout", "x:2.0\n"), ("stdout", "left unfinished")])
+    exp.shutdown()
+    (run_dir,) = find_run_dirs(wandb_dir, run_id="console02")
+    lines = [line.rstrip("\r") for line in (Path(run_dir) / "files" / "output.log").read_text().splitlines()]
+    ours = ["step:1 - x:1.0", "100%|#####|", "step:2 - x:2.0", "left unfinished"]
+    assert "a warning of the export process" in lines, lines
+    assert [line for line in lines if line in ours] == ours, lines
+    # nothing mixed: no other line holds a piece of the bar or of the warning
+    assert [line for line in lines if "%|" in line or "warning" in line] == [
+        "a warning of the export process", "100%|#####|"], lines

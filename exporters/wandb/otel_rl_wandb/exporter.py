@@ -172,7 +172,8 @@ class _no_weave_autoinit:
 class WandbRun:
     """What the exporter keeps per wandb run."""
 
-    __slots__ = ("ident", "run", "init_kwargs", "latest", "stale", "gen_rows", "gen_width", "gen_step", "gen_dirty")
+    __slots__ = ("ident", "run", "init_kwargs", "latest", "stale", "gen_rows", "gen_width", "gen_step", "gen_dirty",
+                 "console_rest")
 
     def __init__(self, ident: RunIdentity, run: Any, init_kwargs: dict[str, Any]):
         self.ident = ident
@@ -184,6 +185,8 @@ class WandbRun:
         self.gen_width = 0  # samples per row (columns are step + 3 per sample)
         self.gen_step = 0
         self.gen_dirty = False  # rows added that are not in a logged table yet
+        # stream -> the training process's text after its last newline there, in the pieces written
+        self.console_rest: dict[str, list[str]] = {}
 
 
 class WandbExporter(TrackerExporter):
@@ -282,6 +285,9 @@ class WandbExporter(TrackerExporter):
         self._exit_code = 1  # the training process failed: its runs finish as failed
 
     def close_run(self, handle: WandbRun) -> None:
+        rest, handle.console_rest = handle.console_rest, {}
+        if rest:  # the training process's unfinished lines, before the run ends
+            self.console_to_run(handle, [(stream, "".join(pieces)) for stream, pieces in rest.items()], whole=True)
         try:
             code = getattr(self, "_exit_code", None)
             handle.run.finish() if code is None else handle.run.finish(exit_code=code)
@@ -289,10 +295,15 @@ class WandbExporter(TrackerExporter):
             warn_once(f"wandb-finish:{type(exc).__name__}", "otel-rl: wandb run %s did not finish cleanly: %s",
                       handle.ident.run_id, exc)
 
-    def console_to_run(self, handle: WandbRun, chunks: list[tuple[str, str]]) -> None:
+    def console_to_run(self, handle: WandbRun, chunks: list[tuple[str, str]], whole: bool = False) -> None:
         """The training process's console into the run's log (``output.log``, the Logs tab), by the
         callback wandb's own console capture calls with what it captures; nothing when the run
-        records no console (``console="off"``, ``WANDB_CONSOLE=off``)."""
+        records no console (``console="off"``, ``WANDB_CONSOLE=off``).
+
+        wandb's terminal for a stream is shared with this process's own output, so the training
+        process's text goes there in whole lines: what follows a stream's last newline is held until
+        that line ends (or the run does; `whole`: pass everything on), and this process's own lines
+        cannot land inside a line of the trainer's (a progress bar's, say)."""
         run = handle.run
         if run is None or getattr(run, "_is_finished", False):
             return
@@ -303,8 +314,17 @@ class WandbExporter(TrackerExporter):
             warn_once("wandb-console", "otel-rl: this wandb version offers no way to add the training process's "
                       "console output to the run; its log holds the export process's")
             return
+        rest = handle.console_rest
         for stream, text in chunks:
-            write(stream, text)
+            end = len(text) if whole else text.rfind("\n") + 1
+            if end == 0:
+                if text:
+                    rest.setdefault(stream, []).append(text)
+                continue
+            held = rest.pop(stream, None)
+            write(stream, "".join(held) + text[:end] if held else text[:end])
+            if end < len(text):
+                rest[stream] = [text[end:]]
 
     # -- delivery ------------------------------------------------------------------------
     def export_records(self, records: Sequence[Any]) -> None:
