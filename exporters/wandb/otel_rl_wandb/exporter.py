@@ -285,9 +285,15 @@ class WandbExporter(TrackerExporter):
         self._exit_code = 1  # the training process failed: its runs finish as failed
 
     def close_run(self, handle: WandbRun) -> None:
-        rest, handle.console_rest = handle.console_rest, {}
-        if rest:  # the training process's unfinished lines, before the run ends
-            self.console_to_run(handle, [(stream, "".join(pieces)) for stream, pieces in rest.items()], whole=True)
+        if handle.console_rest:  # the training process's unfinished lines, before the run ends
+            try:
+                with self._console_lock:
+                    rest, handle.console_rest = handle.console_rest, {}
+                    self.console_to_run(handle, [(stream, "".join(pieces)) for stream, pieces in rest.items()],
+                                        whole=True)
+            except Exception as exc:  # the run is finished below all the same
+                warn_once("wandb-console-rest", "otel-rl: the training process's last console text could not be "
+                          "added to the wandb run: %s", exc)
         try:
             code = getattr(self, "_exit_code", None)
             handle.run.finish() if code is None else handle.run.finish(exit_code=code)
