@@ -37,6 +37,7 @@ from otel_rl.config import resolve, scrub_secrets  # noqa: E402
 from otel_rl.exporters import registry  # noqa: E402
 from otel_rl.records import Generations, RunIdentity, RunStart, StepMetrics  # noqa: E402
 from otel_rl.testing import CaptureExporter  # noqa: E402
+import otel_rl_wandb.exporter  # noqa: E402
 from otel_rl_wandb import STEP_METRIC, WandbExporter, wandb_run_id  # noqa: E402
 from otel_rl_wandb.reader import find_run_dirs, read_run  # noqa: E402
 
@@ -609,3 +610,25 @@ def test_the_training_processs_console_goes_to_the_run_in_whole_lines(wandb_dir)
     # nothing mixed: no other line holds a piece of the bar or of the warning
     assert [line for line in lines if "%|" in line or "warning" in line] == [
         "a warning of the export process", "100%|#####|"], lines
+
+
+def test_a_console_line_that_does_not_end_is_held_only_up_to_a_bound(wandb_dir, monkeypatch):
+    """A progress bar redrawn with carriage returns for the whole run never ends its line: what is held of
+    it stays bounded (passed on as it is beyond CONSOLE_HELD_MAX), and nothing of it is lost."""
+    monkeypatch.setattr(otel_rl_wandb.exporter, "CONSOLE_HELD_MAX", 1000)
+    cfg = resolve({"trainer": {"project_name": "p", "experiment_name": "e"}}, run_id="console03")
+    exp = WandbExporter(cfg)
+    ident = RunIdentity("p", "e", "console03")
+    exp.export_records([StepMetrics(ident, 1, {"x": 1.0}, 1)])
+    handle = exp.runs[ident]
+    sizes = []
+    for i in range(300):
+        exp.write_console([("stderr", f"\rstep {i:4d} of 300 |{'#' * (i // 30):<10}|")])
+        sizes.append(sum(len(p) for p in handle.console_rest.get("stderr", [0, ""])[1:]))
+    assert max(sizes) <= 1000 + 30 and min(sizes[50:]) < 100  # held text bounded, passed on along the way
+    exp.write_console([("stderr", "\rdone\n"), ("stdout", "after the bar\n")])
+    exp.shutdown()
+    (run_dir,) = find_run_dirs(wandb_dir, run_id="console03")
+    lines = [line.rstrip("\r") for line in (Path(run_dir) / "files" / "output.log").read_text().splitlines()]
+    assert "after the bar" in lines, lines
+    assert any(line.startswith("done") for line in lines), lines

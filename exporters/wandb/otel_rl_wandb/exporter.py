@@ -169,6 +169,11 @@ class _no_weave_autoinit:
             _env_lock.release()
 
 
+#: the most of a training-process line not yet ended that is held back from the run's log (characters); a
+#: longer one (a progress bar redrawn with carriage returns for the whole run) is passed on as it is
+CONSOLE_HELD_MAX = 1 << 16
+
+
 class WandbRun:
     """What the exporter keeps per wandb run."""
 
@@ -185,8 +190,8 @@ class WandbRun:
         self.gen_width = 0  # samples per row (columns are step + 3 per sample)
         self.gen_step = 0
         self.gen_dirty = False  # rows added that are not in a logged table yet
-        # stream -> the training process's text after its last newline there, in the pieces written
-        self.console_rest: dict[str, list[str]] = {}
+        # stream -> the training process's text after its last newline there: [its length, the pieces written]
+        self.console_rest: dict[str, list] = {}
 
 
 class WandbExporter(TrackerExporter):
@@ -289,7 +294,7 @@ class WandbExporter(TrackerExporter):
             try:
                 with self._console_lock:
                     rest, handle.console_rest = handle.console_rest, {}
-                    self.console_to_run(handle, [(stream, "".join(pieces)) for stream, pieces in rest.items()],
+                    self.console_to_run(handle, [(stream, "".join(held[1:])) for stream, held in rest.items()],
                                         whole=True)
             except Exception as exc:  # the run is finished below all the same
                 warn_once("wandb-console-rest", "otel-rl: the training process's last console text could not be "
@@ -325,12 +330,17 @@ class WandbExporter(TrackerExporter):
             end = len(text) if whole else text.rfind("\n") + 1
             if end == 0:
                 if text:
-                    rest.setdefault(stream, []).append(text)
+                    held = rest.setdefault(stream, [0])  # [characters held, pieces...]
+                    held.append(text)
+                    held[0] += len(text)
+                    if held[0] > CONSOLE_HELD_MAX:  # a line that does not end (a run-long progress bar)
+                        del rest[stream]
+                        write(stream, "".join(held[1:]))
                 continue
             held = rest.pop(stream, None)
-            write(stream, "".join(held) + text[:end] if held else text[:end])
+            write(stream, "".join(held[1:]) + text[:end] if held else text[:end])
             if end < len(text):
-                rest[stream] = [text[end:]]
+                rest[stream] = [len(text) - end, text[end:]]
 
     # -- delivery ------------------------------------------------------------------------
     def export_records(self, records: Sequence[Any]) -> None:
