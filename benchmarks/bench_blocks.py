@@ -48,22 +48,28 @@ def main() -> None:
     from otel_rl.demo import trainer as trainer_mod
 
     base = trainer_mod.GRPOTrainer
-    rows: list[tuple] = []  # (step, telemetry on, CPU s, wall s, GC s, voluntary, involuntary switches)
+    rows: list[tuple] = []  # (step, telemetry on, CPU s, wall s, GC s, voluntary, involuntary switches, CPU moves)
     gc_clock = GcClock(time.perf_counter).start()  # seconds in the cyclic GC so far
 
-    def switches() -> tuple[int, int]:
-        """The calling thread's (voluntary, involuntary) context switches so far."""
+    def switches() -> tuple[int, int, int]:
+        """The calling thread's (voluntary, involuntary) context switches and its moves between CPUs so far."""
         try:
             with open("/proc/thread-self/status") as f:
                 v = dict(line.split(":", 1) for line in f if "ctxt_switches" in line)
-            return int(v["voluntary_ctxt_switches"]), int(v["nonvoluntary_ctxt_switches"])
+            moves = 0
+            try:
+                with open("/proc/thread-self/sched") as f:
+                    moves = next(int(line.split(":")[1]) for line in f if line.startswith("se.nr_migrations"))
+            except (OSError, StopIteration, ValueError):  # a kernel without scheduler statistics
+                pass
+            return int(v["voluntary_ctxt_switches"]), int(v["nonvoluntary_ctxt_switches"]), moves
         except (OSError, KeyError, ValueError):  # not Linux
-            return 0, 0
+            return 0, 0, 0
     saved: list = []
 
     class Blocks(base):  # type: ignore[misc, valid-type]
         def __init__(self, cfg, on_step=None):
-            mark = [0.0, 0.0, 0.0, 0, 0]
+            mark = [0.0, 0.0, 0.0, 0, 0, 0]
             on = [True]
 
             def paced(step, metrics):
@@ -71,9 +77,9 @@ def main() -> None:
                     on_step(step, metrics)
                 cpu, wall = time.thread_time(), time.perf_counter()
                 if step > 0:
-                    vol, invol = switches()
+                    vol, invol, moves = switches()
                     rows.append((step, on[0], cpu - mark[0], wall - mark[1], gc_clock.seconds - mark[2], vol - mark[3],
-                                 invol - mark[4]))
+                                 invol - mark[4], moves - mark[5]))
                 if not saved:
                     saved.append((RT.handle, RT.tracing))
                 on[0] = ((step + 1) // args.block) % 2 == 0  # for the next step: blocks by step number
@@ -101,7 +107,8 @@ def main() -> None:
         a = fn(r[i] for r in kept if r[1])
         b = fn(r[i] for r in kept if not r[1])
         print(f"{label:<34}{a * 1e3:>10.2f}{b * 1e3:>10.2f}{a / b:>9.4f}")
-    for label, i in (("voluntary switches of the thread", 5), ("involuntary switches of the thread", 6)):
+    for label, i in (("voluntary switches of the thread", 5), ("involuntary switches of the thread", 6),
+                     ("moves of the thread to another CPU", 7)):
         a = statistics.mean(r[i] for r in kept if r[1])
         b = statistics.mean(r[i] for r in kept if not r[1])
         print(f"{label + ', per step':<44}{a:>10.1f}{b:>10.1f}")
