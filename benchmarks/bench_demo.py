@@ -29,6 +29,7 @@ import argparse
 import compileall
 import gc
 import json
+import math
 import os
 import resource
 import signal
@@ -326,6 +327,29 @@ def _compile(root: Path) -> None:
         compileall.compile_dir(str(pkg), quiet=1)
 
 
+def median_interval(values: list[float], level: float = 0.95) -> tuple[float, float, float] | None:
+    """A distribution-free confidence interval for the median of what `values` are a sample of: the
+    k-th smallest and the k-th largest value for the largest k whose interval covers the median with
+    probability >= `level` (the number of values below the median is binomial(n, 1/2)).  Returns
+    (low, high, its coverage), or None when there are too few values for `level` (fewer than 6 at 95 %)."""
+    xs = sorted(values)
+    n = len(xs)
+    best = None
+    tail = 0.0  # P(Binomial(n, 1/2) <= k - 1)
+    for k in range(1, n // 2 + 1):
+        tail += math.comb(n, k - 1) / 2 ** n
+        coverage = 1 - 2 * tail
+        if coverage < level:
+            break
+        best = (xs[k - 1], xs[n - k], coverage)
+    return best
+
+
+def _median_interval(values: list[float]) -> str:
+    ci = median_interval(values)
+    return "" if ci is None else f" (interval {ci[0]:.3f}–{ci[1]:.3f}, {ci[2]:.0%} confidence)"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=None, help="trainer.total_training_steps (default: the demo's)")
@@ -355,10 +379,11 @@ def main() -> None:
             runs.append(lockstep(args, ("on", "off") if k % 2 == 0 else ("off", "on")))
             print(flush=True)
         ratios = sorted(r["train_ratio"] for r in runs)
+        walls = sorted(r["wall_ratio"] for r in runs)
         print(f"lockstep, {len(runs)} runs (first variant alternating): training steps on/off "
               + ", ".join(f"{r['train_ratio']:.3f}" for r in runs)
-              + f"; median {statistics.median(ratios):.3f}; wall time median "
-              f"{statistics.median(r['wall_ratio'] for r in runs):.3f}")
+              + f"; median {statistics.median(ratios):.3f}{_median_interval(ratios)}; wall time median "
+              f"{statistics.median(walls):.3f}{_median_interval(walls)}")
         print("  page faults of the training thread per step (on/off): "
               + ", ".join(f"{r['faults'][0]:.0f}/{r['faults'][1]:.0f}" for r in runs))
         for part, label in (("first", "start + setup + step 0"), ("tail", "end: final flush + exit"),
