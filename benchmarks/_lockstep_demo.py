@@ -39,8 +39,12 @@ def main() -> int:
 
     otel_rl.init = init_then_pace
     from otel_rl.cli import main as cli_main
+    from otel_rl.cli import quick_exit
 
-    return cli_main(sys.argv[1:])
+    code = cli_main(sys.argv[1:])
+    if sys.argv[1:2] == ["demo"]:
+        quick_exit(code)  # ends as the `otel-rl` program does (`otel_rl.cli.program`)
+    return code
 
 
 def _pace(done_fd: int, go_fd: int) -> None:

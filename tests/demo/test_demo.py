@@ -325,3 +325,48 @@ def test_progress_line_on_a_terminal_keeps_stdout_above_it(monkeypatch):
     parts = err.getvalue().split("\r\x1b[K")
     assert len(parts) == 3 and parts[0].startswith(bar1) and parts[1].startswith(bar1)
     assert parts[2].startswith(bar2) and parts[2].endswith("\n")
+
+
+VARYING = ("timing_s/", "perf/")  # wall-clock figures: the same run gives other values each time
+
+
+@pytest.mark.slow
+def test_the_program_leaves_quickly_and_loses_nothing(demo_run, tmp_path):
+    """`otel-rl demo` as a program (`python -m otel_rl.cli`, what the console script runs) ends without
+    the interpreter's teardown (`cli.quick_exit`): what it wrote is what the same run in process wrote
+    (the JSONL file line by line, the MLflow run's metrics and its traces), its run is finished and its
+    summary printed whole."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in DEMO_ENV}
+    proc = subprocess.run([sys.executable, "-m", "otel_rl.cli", "demo", "--output-dir", str(tmp_path), *ARGS],
+                          env=env, cwd=tmp_path, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.splitlines()[-1] == demo_run["stdout"].splitlines()[-1].replace(
+        str(demo_run["out"]), str(tmp_path))
+
+    def lines(out: Path) -> list[tuple[int, dict]]:
+        rows = [json.loads(x) for x in (out / "otel_rl_demo" / "grpo_arith_seed3.jsonl").read_text().splitlines()]
+        return [(r["step"], {k: (None if k.startswith(VARYING) else v) for k, v in r["data"].items()}) for r in rows]
+
+    assert lines(tmp_path) == lines(demo_run["out"])
+    client = MlflowClient(tracking_uri="sqlite:///" + str(tmp_path / "mlruns.db"))
+    (run,) = client.search_runs([client.get_experiment_by_name("otel_rl_demo").experiment_id])
+    assert run.info.status == "FINISHED"
+    assert set(run.data.metrics) == set(demo_run["run"].data.metrics)
+    for key in run.data.metrics:
+        got = {m.step: m.value for m in client.get_metric_history(run.info.run_id, key)}
+        want = {m.step: m.value for m in demo_run["client"].get_metric_history(demo_run["run"].info.run_id, key)}
+        assert set(got) == set(want), key
+        if not key.startswith(VARYING):
+            assert got == pytest.approx(want), key
+    n_traces = []
+    for uri, r in (("sqlite:///" + str(tmp_path / "mlruns.db"), run), (demo_run["uri"], demo_run["run"])):
+        mlflow.set_tracking_uri(uri)
+        try:
+            n_traces.append(len(mlflow.search_traces(locations=[r.info.experiment_id], run_id=r.info.run_id,
+                                                     return_type="list", max_results=1000)))
+        finally:
+            mlflow.set_tracking_uri(None)
+    assert n_traces[0] == n_traces[1] > 0

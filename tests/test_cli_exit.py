@@ -1,0 +1,63 @@
+"""`otel_rl.cli.quick_exit`: the exit of the `otel-rl demo` program without the interpreter's teardown."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+
+def _run(body: str, tmp_path) -> subprocess.CompletedProcess:
+    script = tmp_path / "prog.py"
+    script.write_text(textwrap.dedent(body))
+    return subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, timeout=60)
+
+
+def test_exit_handlers_run_streams_are_flushed_and_the_code_is_kept(tmp_path):
+    proc = _run("""
+        import atexit, pathlib, sys, tempfile
+        from otel_rl.cli import quick_exit
+        out = pathlib.Path(sys.argv[1])
+        left = tempfile.mkdtemp(dir=out)          # a temporary directory object cleans up at exit (weakref.finalize)
+        keep = tempfile.TemporaryDirectory(dir=out)
+        (out / "where").write_text(keep.name)
+        atexit.register(lambda: (out / "atexit").write_text("ran"))
+        class Teardown:
+            def __del__(self):
+                (out / "teardown").write_text("ran")
+        obj = Teardown()                           # destroyed only by the interpreter's teardown
+        sys.stdout.write("no newline at the end")  # still in the stream's buffer
+        sys.stderr.write("err text")
+        quick_exit(3)
+        print("not reached")
+    """, tmp_path)
+    assert proc.returncode == 3
+    assert proc.stdout == "no newline at the end"
+    assert proc.stderr == "err text"
+    assert (tmp_path / "atexit").read_text() == "ran"
+    assert not (tmp_path / (tmp_path / "where").read_text()).exists()  # its finalizer ran
+    assert not (tmp_path / "teardown").exists()  # no teardown: what makes the exit quick
+
+
+def test_a_thread_still_working_is_waited_for(tmp_path):
+    proc = _run("""
+        import pathlib, sys, threading, time
+        from otel_rl.cli import quick_exit
+        out = pathlib.Path(sys.argv[1])
+        def work():
+            time.sleep(0.3)
+            (out / "done").write_text("written")
+        threading.Thread(target=work).start()
+        daemon = threading.Thread(target=time.sleep, args=(60,), daemon=True)
+        daemon.start()                             # a daemon thread does not hold the exit up
+        quick_exit(0)
+    """, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "done").read_text() == "written"
+
+
+def test_the_console_script_runs_the_program():
+    from importlib.metadata import entry_points
+
+    (ep,) = [e for e in entry_points(group="console_scripts") if e.name == "otel-rl"]
+    assert ep.value == "otel_rl.cli:program"
