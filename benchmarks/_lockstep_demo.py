@@ -39,7 +39,7 @@ def main() -> int:
 
     otel_rl.init = init_then_pace
     from otel_rl.cli import main as cli_main
-    from otel_rl.cli import quick_exit
+    from otel_rl._exit import quick_exit
 
     code = cli_main(sys.argv[1:])
     if sys.argv[1:2] == ["demo"]:

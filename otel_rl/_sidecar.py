@@ -39,7 +39,6 @@ settled (delivered or written to its spool): at least once, never silently lost.
 
 from __future__ import annotations
 
-import atexit
 import gc
 import logging
 import os
@@ -56,6 +55,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from ._console import ConsoleTee
+from ._exit import quick_exit
 from ._pipeline import DeliveryQueue, ExporterStats, Receiver, wait_all_idle
 from ._values import warn_once
 from .exporters.base import Exporter
@@ -740,17 +740,4 @@ def main(argv: Sequence[str]) -> NoReturn:
     # Every tracker run is finished and its data written (the exporters' shutdown, then the trackers'
     # own exit hooks, run here).  What is left is the interpreter tearing down MLflow's, wandb's and
     # SwanLab's module graphs, over a second of CPU that the trainer would wait for: skipped.
-    try:
-        me = threading.current_thread()
-        for t in threading.enumerate():  # as the interpreter would: wait for non-daemon threads first
-            if t is not me and not t.daemon:
-                t.join(60.0)
-        atexit._run_exitfuncs()
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:
-                pass
-        os._exit(0)
-
+    quick_exit(0, join_timeout_s=60.0)

@@ -73,35 +73,15 @@ def program() -> None:
 
     After ``otel-rl demo`` the process leaves without the interpreter's teardown of every module and
     object (torch's alone takes ~0.4 s; the demo's process ~0.75 s): by then its telemetry is delivered
-    and its files closed, and `quick_exit` still runs the exit handlers and flushes the standard streams."""
+    and its files closed; `otel_rl._exit.quick_exit` still waits for working threads, runs the exit
+    handlers and flushes the standard streams."""
     argv = sys.argv[1:]
     code = main(argv)
     if argv[:1] == ["demo"]:
+        from ._exit import quick_exit
+
         quick_exit(code)
     sys.exit(code)
-
-
-def quick_exit(code: int) -> None:
-    """Exit with `code` now: the ``atexit`` handlers run and stdout and stderr are flushed, as at a normal
-    exit, but the interpreter does not tear down its modules and objects.  While a thread that is not a
-    daemon is alive besides this one (its work may not be done) the exit is a normal one, which waits
-    for it; daemon threads end here as at a normal exit."""
-    import atexit
-    import os
-    import threading
-
-    main_thread = threading.main_thread()
-    if threading.current_thread() is not main_thread or any(
-            t is not main_thread and not t.daemon and t.is_alive() for t in threading.enumerate()):
-        sys.exit(code)
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            if stream is not None:
-                stream.flush()
-        except Exception:  # a closed or broken stream: nothing more can be written to it
-            pass
-    os._exit(code)
 
 
 if __name__ == "__main__":  # pragma: no cover

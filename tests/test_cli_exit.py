@@ -1,4 +1,5 @@
-"""`otel_rl.cli.quick_exit`: the exit of the `otel-rl demo` program without the interpreter's teardown."""
+"""`otel_rl._exit.quick_exit`: the exit of the `otel-rl demo` program and of the export process without
+the interpreter's teardown."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ def _run(body: str, tmp_path) -> subprocess.CompletedProcess:
 def test_exit_handlers_run_streams_are_flushed_and_the_code_is_kept(tmp_path):
     proc = _run("""
         import atexit, pathlib, sys, tempfile
-        from otel_rl.cli import quick_exit
+        from otel_rl._exit import quick_exit
         out = pathlib.Path(sys.argv[1])
         left = tempfile.mkdtemp(dir=out)          # a temporary directory object cleans up at exit (weakref.finalize)
         keep = tempfile.TemporaryDirectory(dir=out)
@@ -42,7 +43,7 @@ def test_exit_handlers_run_streams_are_flushed_and_the_code_is_kept(tmp_path):
 def test_a_thread_still_working_is_waited_for(tmp_path):
     proc = _run("""
         import pathlib, sys, threading, time
-        from otel_rl.cli import quick_exit
+        from otel_rl._exit import quick_exit
         out = pathlib.Path(sys.argv[1])
         def work():
             time.sleep(0.3)
@@ -61,3 +62,19 @@ def test_the_console_script_runs_the_program():
 
     (ep,) = [e for e in entry_points(group="console_scripts") if e.name == "otel-rl"]
     assert ep.value == "otel_rl.cli:program"
+
+
+def test_with_a_join_timeout_a_thread_that_does_not_end_is_left(tmp_path):
+    """The export process's exit: a stuck thread is waited for up to the timeout, then the process ends
+    anyway (without the timeout the exit would wait for it, as a normal exit does)."""
+    proc = _run("""
+        import pathlib, sys, threading, time
+        from otel_rl._exit import quick_exit
+        out = pathlib.Path(sys.argv[1])
+        threading.Thread(target=time.sleep, args=(600,)).start()
+        import atexit
+        atexit.register(lambda: (out / "atexit").write_text("ran"))
+        quick_exit(5, join_timeout_s=0.2)
+    """, tmp_path)  # (_run's timeout, 60 s, fails the test if the exit waited for the thread)
+    assert proc.returncode == 5, proc.stderr
+    assert (tmp_path / "atexit").read_text() == "ran"
