@@ -11,23 +11,24 @@ from typing import NoReturn
 
 def quick_exit(code: int, join_timeout_s: float | None = None) -> NoReturn:
     """Exit with `code` as a normal exit would, less the interpreter's teardown of its modules and
-    objects (torch's alone takes ~0.4 s, MLflow's, wandb's and SwanLab's together over a second): threads
-    that are not daemons are waited for first (each up to `join_timeout_s`, None: as long as they run),
-    the ``atexit`` handlers run (files and temporary directories left to them are closed and removed),
-    stdout and stderr are flushed, then the process ends.  Called from another thread than the main
-    one, it is `sys.exit`."""
+    objects (torch's alone takes ~0.4 s, MLflow's, wandb's and SwanLab's together over a second): the
+    ``atexit`` handlers run (files and temporary directories left to them are closed and removed), stdout
+    and stderr are flushed, then the process ends.
+
+    Threads that are not daemons: with `join_timeout_s` None, while any is alive the exit is a normal one
+    (`sys.exit`), which first lets ``threading``'s own exit hooks stop what would otherwise never end (an
+    idle ``ThreadPoolExecutor``'s workers) and then waits for them; with `join_timeout_s`, each is waited
+    for up to that long, then the process ends anyway.  Called from another thread than the main one,
+    it is `sys.exit`."""
     me = threading.current_thread()
     if me is not threading.main_thread():
         sys.exit(code)
+    left = [t for t in threading.enumerate() if t is not me and not t.daemon and t.is_alive()]
+    if left and join_timeout_s is None:
+        sys.exit(code)
     try:
-        while True:  # a thread may start another before it ends
-            left = [t for t in threading.enumerate() if t is not me and not t.daemon and t.is_alive()]
-            if not left:
-                break
-            for t in left:
-                t.join(join_timeout_s)
-            if join_timeout_s is not None:
-                break
+        for t in left:
+            t.join(join_timeout_s)
         atexit._run_exitfuncs()
     finally:
         for stream in (sys.stdout, sys.stderr):

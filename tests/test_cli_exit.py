@@ -78,3 +78,19 @@ def test_with_a_join_timeout_a_thread_that_does_not_end_is_left(tmp_path):
     """, tmp_path)  # (_run's timeout, 60 s, fails the test if the exit waited for the thread)
     assert proc.returncode == 5, proc.stderr
     assert (tmp_path / "atexit").read_text() == "ran"
+
+
+def test_an_idle_thread_pool_does_not_hold_the_exit_up(tmp_path):
+    """An executor's idle workers never end by themselves (threading's exit hook tells them to): the
+    exit is then a normal one, which runs that hook, rather than a wait for them that would not end."""
+    proc = _run("""
+        import pathlib, sys
+        from concurrent.futures import ThreadPoolExecutor
+        from otel_rl._exit import quick_exit
+        out = pathlib.Path(sys.argv[1])
+        pool = ThreadPoolExecutor(2)
+        pool.submit(lambda: (out / "task").write_text("done")).result()
+        quick_exit(4)
+    """, tmp_path)  # (_run's timeout, 60 s, fails the test if the exit waited for the idle workers)
+    assert proc.returncode == 4, proc.stderr
+    assert (tmp_path / "task").read_text() == "done"
