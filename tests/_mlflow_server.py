@@ -26,7 +26,10 @@ def server_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("OTEL_", "MLFLOW_", "WANDB_", "SWANLAB_", "VERL_"))
            and k.lower() not in ("http_proxy", "https_proxy", "all_proxy")}
-    env.update({"MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true", "NO_PROXY": "127.0.0.1,localhost"})
+    env.update({"MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true", "NO_PROXY": "127.0.0.1,localhost",
+                # no job runner (GenAI evaluation jobs, which these tests do not use): its task queues would be
+                # left in a new directory under /dev/shm by every server the tests kill
+                "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
     return env
 
 
