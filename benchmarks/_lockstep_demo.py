@@ -22,7 +22,7 @@ def _faults() -> int:
     return resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
 
 
-def main() -> int:
+def main() -> None:
     done_fd = int(os.environ["LOCKSTEP_DONE_FD"])
     go_fd = int(os.environ["LOCKSTEP_GO_FD"])
 
@@ -38,13 +38,9 @@ def main() -> int:
         return handle
 
     otel_rl.init = init_then_pace
-    from otel_rl.cli import main as cli_main
-    from otel_rl._exit import quick_exit
+    from otel_rl.cli import program
 
-    code = cli_main(sys.argv[1:])
-    if sys.argv[1:2] == ["demo"]:
-        quick_exit(code)  # ends as the `otel-rl` program does (`otel_rl.cli.program`)
-    return code
+    program()  # the `otel-rl` program itself: it runs the demo and exits as the program does
 
 
 def _pace(done_fd: int, go_fd: int) -> None:
@@ -135,4 +131,4 @@ def _pace(done_fd: int, go_fd: int) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
