@@ -4,6 +4,8 @@
     .venv/bin/python benchmarks/bench_demo.py --steps 60 --repeats 3
     .venv/bin/python benchmarks/bench_demo.py --json out.json
     .venv/bin/python benchmarks/bench_demo.py --steps 40 --breakdown      # + each exporter alone
+    .venv/bin/python benchmarks/bench_demo.py --lockstep --repeats 10     # side by side, step by step
+    .venv/bin/python benchmarks/bench_demo.py --lockstep --repeats 10 --group 5   # 5 steps in a row each
 
 Variants (same seed, same config otherwise; each run is its own `otel-rl demo` process with a
 fresh output directory):
@@ -206,6 +208,10 @@ class Paced:
         os.killpg(self.proc.pid, signal.SIGCONT)
         os.write(self.go, b"g")
 
+    def go_on(self) -> None:
+        """The next step at once, without a stop in between (``--group``)."""
+        os.write(self.go, b"g")
+
     def finish(self) -> dict:
         """Let it run to its end (the final flush, the tracker runs closed, the process gone)."""
         t0 = time.perf_counter()
@@ -221,6 +227,7 @@ class Paced:
 
 def lockstep(args: argparse.Namespace, launch: tuple[str, str] = ("on", "off")) -> dict:
     """Both variants at once, one step at a time each: on's step k, off's step k, off's k+1, on's k+1, ...
+    (with ``--group K``: K steps of one, K of the other, and so on).
 
     The two processes train identically (same seed), so step k costs both the same work but for
     the telemetry; run back to back, the two halves of a pair see the same machine.  While one
@@ -228,6 +235,11 @@ def lockstep(args: argparse.Namespace, launch: tuple[str, str] = ("on", "off")) 
     threads and its export process too), so what telemetry does in the background lands in the
     steps of its own variant, as in a run of its own.  Setup and step 0 run one variant at a time
     first; each finishes (final flush, exit) alone at the end.
+
+    Step by step, every step of either variant starts right after the other process ran: with the
+    CPU's caches and the interpreter's hot paths taken by the other process's step, both variants
+    start each step cold.  A run of its own runs warm.  ``--group K`` gives each variant K steps in
+    a row, K-1 of them warm: nearer to a run of its own, a little further from "the same machine".
     """
     with tempfile.TemporaryDirectory(prefix="bench_demo_lockstep_") as tmp:
         work = Path(tmp)
@@ -238,18 +250,22 @@ def lockstep(args: argparse.Namespace, launch: tuple[str, str] = ("on", "off")) 
             p.wait_step()
             p.first_s = time.perf_counter() - p.t0
             p.pause()
-        k = 0
-        while True:
-            order = launch if k % 2 == 0 else launch[::-1]
+        k, total, group = 0, args.steps or 100, max(1, args.group)
+        rounds = 0
+        while k < total:
+            order = launch if rounds % 2 == 0 else launch[::-1]
+            n = min(group, total - k)
             for variant in order:
                 p = paced[variant]
                 p.resume()
-                if p.wait_step() != k + 1:
-                    sys.exit("lockstep: the two variants are not at the same step")
+                for j in range(n):
+                    if j:
+                        p.go_on()
+                    if p.wait_step() != k + j + 1:
+                        sys.exit("lockstep: the two variants are not at the same step")
                 p.pause()
-            k += 1
-            if k >= (args.steps or 100):
-                break
+            k += n
+            rounds += 1
         reports = {v: paced[v].finish() for v in launch}
     on, off = paced["on"], paced["off"]
     steps = sorted(set(on.steps) & set(off.steps) - {0})
@@ -257,7 +273,8 @@ def lockstep(args: argparse.Namespace, launch: tuple[str, str] = ("on", "off")) 
     total_on = sum(on.steps[i] for i in steps)
     total_off = sum(off.steps[i] for i in steps)
     q = statistics.quantiles(ratios, n=4)
-    print(f"lockstep demo: {len(steps)} training steps, seed {args.seed}, the two variants alternating step by step; "
+    print(f"lockstep demo: {len(steps)} training steps, seed {args.seed}, the two variants alternating "
+          f"{'step by step' if args.group <= 1 else f'every {args.group} steps'}; "
           f"{launch[0]} started first")
     for v in ("on", "off"):  # the columns: "on" is A of --lockstep A,B, "off" is B
         base, *env = configs[v].split("@")
@@ -367,6 +384,9 @@ def main() -> None:
                          "flush, so the export process's start-up is over before step 1; on@LOCKSTEP_HOLD_EXPORT=1: its "
                          "export process stays stopped during the steps and catches up at the end; on@LOCKSTEP_QUIET_GEN=1: "
                          "stopped only while the trainer's 'gen' timer is open)")
+    ap.add_argument("--group", type=int, default=1, metavar="K",
+                    help="--lockstep: each variant runs K steps in a row before the other one runs (default 1: "
+                         "they alternate step by step)")
     ap.add_argument("overrides", nargs="*", help="more dotlist overrides for both variants")
     args = ap.parse_args()
     # both variants import otel-rl's modules from bytecode, as from an installed package (pip compiles
