@@ -314,7 +314,8 @@ def lockstep(args: argparse.Namespace, launch: tuple[str, str] = ("on", "off")) 
               "wall": (wall_on, wall_off)}
     if args.json:
         Path(args.json).write_text(json.dumps({
-            "mode": "lockstep", "steps": len(steps), "seed": args.seed, "on_steps": on.steps, "off_steps": off.steps,
+            "mode": "lockstep", "group": max(1, args.group), "steps": len(steps), "seed": args.seed,
+            "on_steps": on.steps, "off_steps": off.steps,
             "on_cpu": on.cpu, "off_cpu": off.cpu, "on_faults": on.faults, "off_faults": off.faults,
             "total_on": total_on, "total_off": total_off, "first_on": on.first_s, "first_off": off.first_s,
             "tail_on": on.tail_s, "tail_off": off.tail_s, "same_training": same,
