@@ -206,10 +206,10 @@ class Paced:
 
     def resume(self) -> None:
         os.killpg(self.proc.pid, signal.SIGCONT)
-        os.write(self.go, b"g")
+        self.go_on()
 
     def go_on(self) -> None:
-        """The next step at once, without a stop in between (``--group``)."""
+        """The go-ahead for the next step (after `resume`, or at once within a ``--group``)."""
         os.write(self.go, b"g")
 
     def finish(self) -> dict:
