@@ -38,9 +38,6 @@ def main() -> None:
         return handle
 
     otel_rl.init = init_then_pace
-    # LOCKSTEP_ARGS="key=value ...": dotlist overrides for this variant only (e.g.
-    # on@LOCKSTEP_ARGS=actor_rollout_ref.rollout.trace.max_samples_per_step_per_worker=8)
-    sys.argv += os.environ.get("LOCKSTEP_ARGS", "").split()
     from otel_rl.cli import program
 
     program()  # the `otel-rl` program itself: it runs the demo and exits as the program does

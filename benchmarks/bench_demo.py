@@ -175,10 +175,12 @@ class Paced:
         if steps is not None:
             cmd += ["--steps", str(steps)]
         cmd += (ON if config == "on" else OFF if config == "off" else {**PARTS, **LOCKSTEP_PARTS}[config]) + extra
+        own = dict(a.split("=", 1) for a in assignments)
+        cmd += own.pop("LOCKSTEP_ARGS", "").split()  # this variant's own dotlist overrides, last
         env = {k: v for k, v in os.environ.items() if k not in CLEAN_ENV}
         env.update(WANDB_MODE="offline", SWANLAB_MODE="offline", WANDB_SILENT="true",
                    LOCKSTEP_DONE_FD=str(w_done), LOCKSTEP_GO_FD=str(r_go))
-        env.update(a.split("=", 1) for a in assignments)
+        env.update(own)
         self.t0 = time.perf_counter()
         # a session of its own: one signal stops the demo, its threads, its export process and their children
         self.proc = subprocess.Popen(cmd, env=env, cwd=workdir, pass_fds=(w_done, r_go), start_new_session=True,
