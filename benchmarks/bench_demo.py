@@ -313,7 +313,10 @@ def lockstep(args: argparse.Namespace, launch: tuple[str, str] = ("on", "off")) 
           f"wall time {(wall_on / wall_off - 1) * 100:+.1f}%")
     result = {"train_ratio": total_on / total_off, "wall_ratio": wall_on / wall_off, "launch": launch,
               "faults": (f_on, f_off), "first": (on.first_s, off.first_s), "tail": (on.tail_s, off.tail_s),
-              "wall": (wall_on, wall_off)}
+              "wall": (wall_on, wall_off),
+              # on minus off per training step, ms, by phase (the whole step under "step")
+              "phase_ms": {key[len("timing_s/"):]: (sums["on"].get(key, 0.0) - b) * 1000 / len(steps)
+                           for key, b in sums["off"].items()}}
     if args.json:
         Path(args.json).write_text(json.dumps({
             "mode": "lockstep", "group": max(1, args.group), "steps": len(steps), "seed": args.seed,
@@ -410,6 +413,11 @@ def main() -> None:
               f"{statistics.median(walls):.3f}{_median_interval(walls)}")
         print("  page faults of the training thread per step (on/off): "
               + ", ".join(f"{r['faults'][0]:.0f}/{r['faults'][1]:.0f}" for r in runs))
+        phases = [p for p in runs[0]["phase_ms"] if all(p in r["phase_ms"] for r in runs)]
+        if phases:  # where the difference lands: each run's on - off per step, by phase
+            print("  on - off per training step (ms), by phase, median over the runs: " + ", ".join(
+                f"{p} {statistics.median(r['phase_ms'][p] for r in runs):+.2f}"
+                for p in sorted(phases, key=lambda p: (p != "step", p))))
         for part, label in (("first", "start + setup + step 0"), ("tail", "end: final flush + exit"),
                             ("wall", "wall time, sum of the parts")):
             print(f"  {label} (s, on/off): " + ", ".join(f"{r[part][0]:.2f}/{r[part][1]:.2f}" for r in runs)
