@@ -162,15 +162,18 @@ class Paced:
     """One variant's demo process, paused between training steps (see ``_lockstep_demo.py``)."""
 
     def __init__(self, variant: str, seed: int, steps: int | None, extra: list[str], workdir: Path,
-                 config: str | None = None):
+                 config: str | None = None, slot: str | None = None):
         self.variant = variant
         config, *assignments = (config or variant).split("@")  # "on@NAME=VALUE@...": that variant's environment
-        self.report = workdir / f"lockstep-{variant}.json"
-        self.log = open(workdir / f"lockstep-{variant}.log", "w+b")
+        # its files: named after `slot` (the order it was launched in) rather than the variant, so that both
+        # variants' paths are alike (the same length) and each variant has either name in turn
+        slot = slot or variant
+        self.report = workdir / f"lockstep-{slot}.json"
+        self.log = open(workdir / f"lockstep-{slot}.log", "w+b")
         r_done, w_done = os.pipe()
         r_go, self.go = os.pipe()
         cmd = [sys.executable, str(Path(__file__).with_name("_lockstep_demo.py")), "demo", "--no-progress",
-               "--seed", str(seed), "--output-dir", str(workdir / f"lockstep-{variant}"),
+               "--seed", str(seed), "--output-dir", str(workdir / f"lockstep-{slot}"),
                "--report-json", str(self.report)]
         if steps is not None:
             cmd += ["--steps", str(steps)]
@@ -247,8 +250,9 @@ def lockstep(args: argparse.Namespace, launch: tuple[str, str] = ("on", "off")) 
         work = Path(tmp)
         paced: dict[str, Paced] = {}
         configs = dict(zip(("on", "off"), args.lockstep.split(",")))
-        for variant in launch:  # setup + step 0, alone
-            p = paced[variant] = Paced(variant, args.seed, args.steps, args.overrides, work, configs[variant])
+        for n, variant in enumerate(launch):  # setup + step 0, alone
+            p = paced[variant] = Paced(variant, args.seed, args.steps, args.overrides, work, configs[variant],
+                                       slot=f"launched-{n + 1}")
             p.wait_step()
             p.first_s = time.perf_counter() - p.t0
             p.pause()
