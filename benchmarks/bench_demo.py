@@ -200,7 +200,7 @@ class Paced:
             # the strings of its command line and environment padded to `layout_bytes` in all: they lie at the
             # top of the new process's stack, and their size sets where its stack starts, which alone can
             # speed up or slow down a process by a few per cent (its alignment against caches and pages).
-            # Both variants get the same size, and each repeat another one.
+            # Both variants get the same size, and each pair of repeats (both launch orders) another one.
             try:
                 env["LOCKSTEP_LAYOUT"] = layout_padding(cmd, env, layout_bytes)
             except ValueError as exc:
@@ -274,7 +274,8 @@ def lockstep(args: argparse.Namespace, launch: tuple[str, str] = ("on", "off"), 
     Both processes are laid out alike: their files are named by the order they were launched in, not
     by variant (paths of the same length), and their command lines and environments are padded to
     the same size, another one for each pair of repeats (`Paced`).  With the files named after the
-    variants ("lockstep-on", "lockstep-off") "on" against "on" read 1.012 in the median of ten runs.
+    variants ("lockstep-on", "lockstep-off") "on" against "on" read 1.012 in the median of ten runs; named
+    and padded alike, 1.006 (docs/demo.md, "The method checked against itself").
     """
     with tempfile.TemporaryDirectory(prefix="bench_demo_lockstep_") as tmp:
         work = Path(tmp)
