@@ -891,14 +891,22 @@ class Pipeline:
     def flush(self, timeout_s: float = 30.0) -> bool:
         """Everything submitted before this call is delivered (or the timeout passes)."""
         deadline = time.monotonic() + timeout_s
+        if not self._handed_over(deadline):
+            return False
+        return self._wait_queues(deadline)
+
+    def _handed_over(self, deadline: float) -> bool:
+        """Everything submitted before this call is in the exporters' queues (the worker got there)."""
         marker = _Marker()
         self._hurry()
         self._items.append(marker)
         self._wake.set()
-        if not marker.event.wait(max(0.0, deadline - time.monotonic())):
-            return False
+        return marker.event.wait(max(0.0, deadline - time.monotonic()))
+
+    def _wait_queues(self, deadline: float, remote: bool = True) -> bool:
+        """The queues' `wait_idle` (`remote` False: not the export process's)."""
         ok = True
-        waited: set[int] = set()
+        waited: set[int] = set() if remote else {id(q) for q in self.queues if getattr(q, "remote", False)}
         while True:  # an export process that dies meanwhile hands its exporters to new queues
             todo = [q for q in self.queues if id(q) not in waited]
             if not todo:
@@ -949,12 +957,17 @@ class Pipeline:
     def shutdown(self, timeout_s: float = 30.0) -> None:
         """Deliver what was submitted, within `timeout_s` overall (not per exporter)."""
         deadline = time.monotonic() + timeout_s
-        self.flush(timeout_s)
+        # The export process is not flushed first: its stop delivers everything it was sent, as a flush
+        # would, and ends each tracker run as soon as that one's data is in (one round trip, not two, and
+        # no exporter waiting for another's delivery).  It is asked to stop as soon as the worker has
+        # sent it the last batches; the queues here are flushed meanwhile.
+        self._handed_over(deadline)
         self._stopping = True
         self._wake.set()
         self._worker.join(max(0.0, deadline - time.monotonic()))
         if self.remote is not None:
             self.remote.request_stop(max(0.0, deadline - time.monotonic()))
+        self._wait_queues(deadline, remote=False)
         stopped: set[int] = set()
         while True:  # again for queues that took over from an export process dying meanwhile
             todo = [q for q in self.queues if id(q) not in stopped]

@@ -678,21 +678,17 @@ class _Server:
                     q.exporter.process_failed(*failure)
                 except Exception:
                     pass
-        wait_all_idle(list(self.queues.values()), max(0.0, deadline - time.monotonic()))
-        for q in self.queues.values():
-            q.request_stop()
-        for q in self.queues.values():
-            q.join(max(0.05, deadline - time.monotonic()))
-        for q in self.queues.values():
-            try:
-                q.exporter.flush(max(0.1, deadline - time.monotonic()))
-            except Exception:
-                pass
-        for q in self.queues.values():
-            try:
-                q.exporter.shutdown()
-            except Exception as exc:
-                _log.warning("otel-rl: exporter %r shutdown failed: %s", q.name, exc)
+        queues = list(self.queues.values())
+        for q in queues:  # no more gathering: each queue delivers what it holds at once
+            q.hold_flush()
+        # Each exporter finishes on its own thread: its last delivery, its flush, its tracker run closed.
+        # None waits for another's: the trainer waits for the slowest of them, not for their sum.
+        threads = [threading.Thread(target=_finish_queue, args=(q, deadline), name=f"otel-rl-stop-{q.name}")
+                   for q in queues]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
         self.stop_event.set()
         self.send(("stopped", self.stats()))
 
@@ -726,6 +722,25 @@ class _Server:
             elif kind == "console":
                 self.console(msg[1])
         self.stop(stop_budget, failure)
+
+
+def _finish_queue(q: DeliveryQueue, deadline: float) -> None:
+    """The end of one exporter in the export process: what its queue holds delivered (retried until
+    `deadline`), its queue stopped, the exporter flushed and shut down (its tracker run closed)."""
+    try:
+        q.wait_idle(max(0.0, deadline - time.monotonic()))
+    finally:
+        q.release_flush()
+    q.request_stop()
+    q.join(max(0.05, deadline - time.monotonic()))
+    try:
+        q.exporter.flush(max(0.1, deadline - time.monotonic()))
+    except Exception:
+        pass
+    try:
+        q.exporter.shutdown()
+    except Exception as exc:
+        _log.warning("otel-rl: exporter %r shutdown failed: %s", q.name, exc)
 
 
 def main(argv: Sequence[str]) -> NoReturn:

@@ -1034,6 +1034,60 @@ def test_export_process_settles_each_batch_once_every_queue_has_delivered_it():
         server.w.close()
 
 
+class _ClosingExporter(_GatedExporter):
+    """A gated exporter whose `shutdown` notes when it ran (its tracker run closed)."""
+
+    def __init__(self, name: str, permits: int = 10**6) -> None:
+        super().__init__(name, permits)
+        self.shut_at: float | None = None
+        self.flushed = False
+
+    def flush(self, timeout_s: float = 0.0) -> bool:
+        self.flushed = True
+        return True
+
+    def shutdown(self) -> None:
+        self.shut_at = time.monotonic()
+
+
+def test_export_process_stop_finishes_each_exporter_without_waiting_for_the_others():
+    """At the end, each exporter of the export process gets its last delivery, its flush and its shutdown
+    on its own: one still delivering does not hold back another's run from closing.  The process reports
+    "stopped" once all of them are done, with everything delivered."""
+    from otel_rl import _sidecar
+    from otel_rl._pipeline import DeliveryQueue
+
+    r, w = os.pipe()
+    reader = os.fdopen(r, "rb")
+    server = _sidecar._Server(reader, os.fdopen(w, "wb"))
+    fast, slow = _ClosingExporter("fast"), _ClosingExporter("slow", permits=0)
+    server.queues["fast"] = DeliveryQueue(fast, 1000)
+    server.queues["slow"] = DeliveryQueue(slow, 1000)
+    stopper = threading.Thread(target=server.stop, args=(30.0,))
+    try:
+        for seq in range(1, 4):
+            server.put(seq, [f"r{seq}"], ("fast", "slow"))
+        stopper.start()
+        # "slow" cannot deliver yet: "fast" is delivered, flushed and shut down all the same
+        assert wait_for(lambda: fast.shut_at is not None, 10.0)
+        assert fast.got == ["r1", "r2", "r3"] and fast.flushed
+        assert slow.shut_at is None and slow.got == [] and stopper.is_alive()
+        assert not server.stop_event.is_set()
+        slow.allow(100)
+        stopper.join(10.0)
+        assert not stopper.is_alive()
+        assert slow.got == ["r1", "r2", "r3"] and slow.flushed and slow.shut_at is not None
+        assert slow.shut_at > fast.shut_at
+        assert server.stop_event.is_set()
+        msg = _sidecar._read(reader)
+        assert msg[0] == "stopped" and msg[1]["slow"]["exported"] == 3 and msg[1]["fast"]["exported"] == 3
+    finally:
+        slow.allow(100)
+        stopper.join(10.0)
+        server.r.close()
+        server.w.close()
+
+
 def test_training_process_forgets_what_a_gathering_exporter_has_delivered(store, monkeypatch):
     """The MLflow exporter gathers batches (export_interval_s), so under a steady stream its queue in the
     export process is never empty.  The training process's copies of the batches sent (kept to send again
