@@ -14,7 +14,7 @@ a pipe write, on the pipeline's threads).  ``export_process`` (docs/configuratio
 
 Protocol (two pipes; frames are a 4-byte little-endian length and a pickle):
 
-    trainer -> child   ("hello", config, [(name, wants_trajectories)], queue_size)
+    trainer -> child   ("hello", config, [(name, wants_trajectories)], queue_size, priority set by the trainer)
                        ("batch", seq, pickle of (records, names, wire, resource attributes))
                                                           records (and packed spans) for these exporters
                        ("flush", seq, timeout_s)          reply when all up to seq is delivered
@@ -125,6 +125,28 @@ def _set_cpus(spec: str | None) -> None:
                 pass
     except (OSError, ValueError) as exc:
         _log.warning("otel-rl: export_process_cpus=%s could not be applied (%s)", spec, exc)
+
+
+def _lower_priority(pid: int, config: Any) -> bool:
+    """Process `pid` (0: this one), which has one thread so far, at the export process's niceness
+    (`export_process_nice` more than this process's) and in the idle scheduling class
+    (`export_process_idle`): the threads and processes it starts inherit both.  True when both were
+    applied as configured."""
+    ok = True
+    nice = int(getattr(config, "export_process_nice", 0) or 0)
+    if nice > 0:
+        try:  # (what the trackers start inherits it: wandb's service process)
+            os.setpriority(os.PRIO_PROCESS, pid, min(19, os.getpriority(os.PRIO_PROCESS, 0) + nice))
+        except (OSError, AttributeError):
+            ok = False
+    if getattr(config, "export_process_idle", False):
+        try:
+            # the idle class: a CPU that runs only this process counts as free for the trainer's threads,
+            # which then never queue behind it
+            os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0))
+        except (OSError, AttributeError):
+            ok = False
+    return ok
 
 
 def _wait_exit(proc: subprocess.Popen, timeout_s: float) -> int:
@@ -276,6 +298,9 @@ class SidecarClient:
         finally:
             os.close(r_in)
             os.close(w_out)
+        # its whole start-up below the trainer's threads, not only what follows its reading of "hello": a
+        # thread the trainer starts meanwhile would otherwise wait behind it for a time slice (~3 ms)
+        priority_set = _lower_priority(self.proc.pid, config)
         self._w = os.fdopen(w_in, "wb", buffering=1 << 16)
         self._r = os.fdopen(r_out, "rb", buffering=1 << 16)
         # this process's console, for the tracker runs there that record one (`otel_rl._console`)
@@ -286,7 +311,7 @@ class SidecarClient:
             self.console = ConsoleTee()
             self.console.install()
         self._out.append(("hello", config, [(e.name, e.wants_trajectories) for e in self.exporters],
-                          getattr(config, "queue_size", 100_000)))
+                          getattr(config, "queue_size", 100_000), priority_set))
         self._sender = threading.Thread(target=self._send_loop, name="otel-rl-export-process-send", daemon=True)
         self._reader = threading.Thread(target=self._read_loop, name="otel-rl-export-process-read", daemon=True)
         self._sender.start()
@@ -557,24 +582,11 @@ class _Server:
             seq = min(seq, held - 1)
         return max(seq, 0)
 
-    def start(self, config: Any, exporters: list, queue_size: int) -> None:
+    def start(self, config: Any, exporters: list, queue_size: int, priority_set: bool = False) -> None:
         from .exporters import registry
 
-        nice = int(getattr(config, "export_process_nice", 0) or 0)
-        if nice > 0 and hasattr(os, "nice"):
-            try:
-                os.nice(nice)  # also inherited by what the trackers start (wandb's service process)
-            except OSError:
-                pass
-        if getattr(config, "export_process_idle", False) and hasattr(os, "SCHED_IDLE"):
-            try:
-                # the idle class: a CPU that runs only this process counts as free for the trainer's
-                # threads, which then never queue behind it; inherited by the threads and processes
-                # started from here (the exporters' threads, wandb's service)
-                os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-            except OSError:
-                pass
-
+        if not priority_set:  # (the training process sets them as it starts this process, where it can)
+            _lower_priority(0, config)
         _set_cpus(getattr(config, "export_process_cpus", None))
         self.receiver.max_chars = int(getattr(config, "max_value_chars", self.receiver.max_chars))
         if gc.isenabled():
@@ -716,7 +728,7 @@ class _Server:
                 stop_budget, failure = float(msg[1]), msg[2]
                 break
             elif kind == "hello":
-                self.start(msg[1], msg[2], msg[3])
+                self.start(*msg[1:])
             elif kind == "tokenizer":
                 self.add_tokenizer(msg[1], msg[2])
             elif kind == "console":

@@ -282,6 +282,8 @@ def test_flush_waits_for_the_export_process_and_stats_come_from_it(store, monkey
     h = start(project=name, experiment="e", exporters=["mlflow"], batch_delay_s=0.05, export_process="true",
               export_process_nice=3)
     child = h._sidecar.proc
+    # set by the trainer as it started the child: already there before the child read its first message
+    assert nice_of(child.pid) == min(19, os.nice(0) + 3)
     assert [type(e) for e in h.exporters] == [RemoteExporter]
     for n in range(1, 6):
         otel_rl.log(step_values(n), step=n)
@@ -848,6 +850,26 @@ def test_export_process_settings_defaults_errors_and_nice():
     with pytest.raises(otel_rl.ConfigError, match="export_process"):
         otel_rl.init(exporters=["mlflow"], export_process="perhaps")
     assert otel_rl.current() is None
+
+
+def test_export_process_starts_in_the_idle_class_at_its_niceness(store, monkeypatch):
+    """The export process's niceness and scheduling class hold from its first instruction on (the trainer
+    sets them as it starts it): its start-up (Python's, its imports) already leaves the CPU to the trainer's
+    threads.  It keeps them, and so do the threads it starts."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
+    h = start(project=project("prio"), experiment="e", exporters=["mlflow"], export_process="true",
+              export_process_nice=5, export_process_idle=True)
+    try:
+        pid = h._sidecar.pid
+        assert os.sched_getscheduler(pid) == os.SCHED_IDLE and nice_of(pid) == min(19, os.nice(0) + 5)
+        assert h.flush(60)  # it has read "hello", started its exporter and delivered
+        tids = os.listdir(f"/proc/{pid}/task")
+        assert len(tids) > 1
+        for tid in tids:
+            assert os.sched_getscheduler(int(tid)) == os.SCHED_IDLE
+            assert nice_of(int(tid)) == min(19, os.nice(0) + 5)
+    finally:
+        h.shutdown()
 
 
 def test_export_process_setting_decides_where_the_exporter_runs(store, monkeypatch):
