@@ -14,7 +14,7 @@ a pipe write, on the pipeline's threads).  ``export_process`` (docs/configuratio
 
 Protocol (two pipes; frames are a 4-byte little-endian length and a pickle):
 
-    trainer -> child   ("hello", config, [(name, wants_trajectories)], queue_size, priority set by the trainer)
+    trainer -> child   ("hello", config, [(name, wants_trajectories)], queue_size, (niceness, idle class) set)
                        ("batch", seq, pickle of (records, names, wire, resource attributes))
                                                           records (and packed spans) for these exporters
                        ("flush", seq, timeout_s)          reply when all up to seq is delivered
@@ -127,26 +127,31 @@ def _set_cpus(spec: str | None) -> None:
         _log.warning("otel-rl: export_process_cpus=%s could not be applied (%s)", spec, exc)
 
 
-def _lower_priority(pid: int, config: Any) -> bool:
+def _lower_priority(pid: int, config: Any, done: Sequence[bool] = (False, False)) -> tuple[bool, bool]:
     """Process `pid` (0: this one), which has one thread so far, at the export process's niceness
     (`export_process_nice` more than this process's) and in the idle scheduling class
-    (`export_process_idle`): the threads and processes it starts inherit both.  True when both were
-    applied as configured."""
-    ok = True
+    (`export_process_idle`): the threads and processes it starts inherit both.  `done`: (niceness,
+    class) already set by the training process, left as they are.  Returns which of the two are in
+    place now (or have nothing to do: not configured, or not offered by this system)."""
+    nice_ok, idle_ok = bool(done[0]), bool(done[1])
     nice = int(getattr(config, "export_process_nice", 0) or 0)
-    if nice > 0:
-        try:  # (what the trackers start inherits it: wandb's service process)
-            os.setpriority(os.PRIO_PROCESS, pid, min(19, os.getpriority(os.PRIO_PROCESS, 0) + nice))
-        except (OSError, AttributeError):
-            ok = False
-    if getattr(config, "export_process_idle", False):
-        try:
-            # the idle class: a CPU that runs only this process counts as free for the trainer's threads,
-            # which then never queue behind it
-            os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0))
-        except (OSError, AttributeError):
-            ok = False
-    return ok
+    if not nice_ok:
+        nice_ok = True
+        if nice > 0 and hasattr(os, "setpriority"):
+            try:  # (what the trackers start inherits it: wandb's service process)
+                os.setpriority(os.PRIO_PROCESS, pid, min(19, os.getpriority(os.PRIO_PROCESS, 0) + nice))
+            except OSError:
+                nice_ok = False
+    if not idle_ok:
+        idle_ok = True
+        if getattr(config, "export_process_idle", False) and hasattr(os, "SCHED_IDLE"):
+            try:
+                # the idle class: a CPU that runs only this process counts as free for the trainer's
+                # threads, which then never queue behind it
+                os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0))
+            except OSError:
+                idle_ok = False
+    return nice_ok, idle_ok
 
 
 def _wait_exit(proc: subprocess.Popen, timeout_s: float) -> int:
@@ -582,11 +587,11 @@ class _Server:
             seq = min(seq, held - 1)
         return max(seq, 0)
 
-    def start(self, config: Any, exporters: list, queue_size: int, priority_set: bool = False) -> None:
+    def start(self, config: Any, exporters: list, queue_size: int,
+              priority_set: Sequence[bool] = (False, False)) -> None:
         from .exporters import registry
 
-        if not priority_set:  # (the training process sets them as it starts this process, where it can)
-            _lower_priority(0, config)
+        _lower_priority(0, config, priority_set)  # (what the training process could not set as it started this)
         _set_cpus(getattr(config, "export_process_cpus", None))
         self.receiver.max_chars = int(getattr(config, "max_value_chars", self.receiver.max_chars))
         if gc.isenabled():
