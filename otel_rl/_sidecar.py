@@ -695,13 +695,10 @@ class _Server:
                     q.exporter.process_failed(*failure)
                 except Exception:
                     pass
-        queues = list(self.queues.values())
-        for q in queues:  # no more gathering: each queue delivers what it holds at once
-            q.hold_flush()
         # Each exporter finishes on its own thread: its last delivery, its flush, its tracker run closed.
         # None waits for another's: the trainer waits for the slowest of them, not for their sum.
         threads = [threading.Thread(target=_finish_queue, args=(q, deadline), name=f"otel-rl-stop-{q.name}")
-                   for q in queues]
+                   for q in self.queues.values()]
         for t in threads:
             t.start()
         for t in threads:
@@ -743,11 +740,9 @@ class _Server:
 
 def _finish_queue(q: DeliveryQueue, deadline: float) -> None:
     """The end of one exporter in the export process: what its queue holds delivered (retried until
-    `deadline`), its queue stopped, the exporter flushed and shut down (its tracker run closed)."""
-    try:
-        q.wait_idle(max(0.0, deadline - time.monotonic()))
-    finally:
-        q.release_flush()
+    `deadline`; no more gathering), its queue stopped, the exporter flushed and shut down (its tracker
+    run closed)."""
+    q.wait_idle(max(0.0, deadline - time.monotonic()))
     q.request_stop()
     q.join(max(0.05, deadline - time.monotonic()))
     try:
