@@ -59,6 +59,13 @@ def _pace(done_fd: int, go_fd: int) -> None:
     # LOCKSTEP_QUIET_GEN=1: the export process (and what it started) is stopped while the trainer's "gen"
     # timer is open and continued when it closes: its work kept out of the rollouts
     quiet_gen = os.environ.get("LOCKSTEP_QUIET_GEN", "") == "1"
+    # LOCKSTEP_BURN=F[:P]: a process beside the trainer (in its process group, so paused with it; at the export
+    # process's niceness and idle class) running allocation-heavy Python a fraction F of every P seconds (default
+    # 0.1) and sleeping the rest: what another process's work on the other core costs the training thread, with
+    # or without telemetry
+    burn = os.environ.get("LOCKSTEP_BURN", "")
+    if burn:
+        _start_burner(burn)
     from otel_rl._runtime import RT
 
     if hold or quiet_gen:
@@ -128,6 +135,33 @@ def _pace(done_fd: int, go_fd: int) -> None:
             super().__init__(cfg, on_step=paced)
 
     trainer_mod.GRPOTrainer = PacedTrainer  # the demo's CLI imports it after init()
+
+
+#: LOCKSTEP_BURN's process: niceness 19 and SCHED_IDLE as the export process's defaults; ends with its parent
+_BURNER = """
+import os, sys, time
+os.nice(19)
+try:
+    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+except (AttributeError, OSError):
+    pass
+duty, period, parent = float(sys.argv[1]), float(sys.argv[2]), os.getppid()
+while os.getppid() == parent:
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < period * duty:
+        rows = [{"name": f"span{i}", "attrs": {"k": str(i) * 3, "v": i * 1.5}} for i in range(200)]
+        "".join(repr(r) for r in rows)
+    rest = period * (1 - duty)
+    if rest > 0:
+        time.sleep(rest)
+"""
+
+
+def _start_burner(spec: str) -> None:
+    import subprocess
+
+    duty, _, period = spec.partition(":")
+    subprocess.Popen([sys.executable, "-c", _BURNER, str(float(duty)), str(float(period or "0.1"))])
 
 
 if __name__ == "__main__":

@@ -424,7 +424,9 @@ def main() -> None:
                          "switched off from step 0 (=1: after step 0); on@LOCKSTEP_SETTLE=1: step 0 ends with a "
                          "flush, so the export process's start-up is over before step 1; on@LOCKSTEP_HOLD_EXPORT=1: its "
                          "export process stays stopped during the steps and catches up at the end; on@LOCKSTEP_QUIET_GEN=1: "
-                         "stopped only while the trainer's 'gen' timer is open; off@LOCKSTEP_ARGS=\"k=v ...\": dotlist overrides for "
+                         "stopped only while the trainer's 'gen' timer is open; off@LOCKSTEP_BURN=0.1: a process beside it "
+                         "busy 10 %% of every 100 ms at the export process's priority (=F:P: F of every P s); "
+                         "off@LOCKSTEP_ARGS=\"k=v ...\": dotlist overrides for "
                          "that variant only)")
     ap.add_argument("--group", type=int, default=1, metavar="K",
                     help="--lockstep: each variant runs K steps in a row before the other one runs (default 1: "
