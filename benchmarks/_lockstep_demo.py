@@ -160,8 +160,14 @@ while os.getppid() == parent:
 def _start_burner(spec: str) -> None:
     import subprocess
 
-    duty, _, period = spec.partition(":")
-    subprocess.Popen([sys.executable, "-c", _BURNER, str(float(duty)), str(float(period or "0.1"))])
+    duty_s, _, period_s = spec.partition(":")
+    try:
+        duty, period = float(duty_s), float(period_s or "0.1")
+    except ValueError:
+        duty = period = -1.0
+    if not (0.0 < duty <= 1.0 and period > 0.0):
+        raise SystemExit(f"LOCKSTEP_BURN={spec!r}: expected F or F:P, a fraction 0 < F <= 1 of every P > 0 seconds")
+    subprocess.Popen([sys.executable, "-c", _BURNER, repr(duty), repr(period)])
 
 
 if __name__ == "__main__":
