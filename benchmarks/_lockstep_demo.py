@@ -137,26 +137,6 @@ def _pace(done_fd: int, go_fd: int) -> None:
     trainer_mod.GRPOTrainer = PacedTrainer  # the demo's CLI imports it after init()
 
 
-#: LOCKSTEP_BURN's process: niceness 19 and SCHED_IDLE as the export process's defaults; ends with its parent
-_BURNER = """
-import os, sys, time
-os.nice(19)
-try:
-    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-except (AttributeError, OSError):
-    pass
-duty, period, parent = float(sys.argv[1]), float(sys.argv[2]), os.getppid()
-while os.getppid() == parent:
-    t0 = time.perf_counter()
-    while time.perf_counter() - t0 < period * duty:
-        rows = [{"name": f"span{i}", "attrs": {"k": str(i) * 3, "v": i * 1.5}} for i in range(200)]
-        "".join(repr(r) for r in rows)
-    rest = period * (1 - duty)
-    if rest > 0:
-        time.sleep(rest)
-"""
-
-
 def _start_burner(spec: str) -> None:
     import subprocess
 
@@ -167,7 +147,12 @@ def _start_burner(spec: str) -> None:
         duty = period = -1.0
     if not (0.0 < duty <= 1.0 and period > 0.0):
         raise SystemExit(f"LOCKSTEP_BURN={spec!r}: expected F or F:P, a fraction 0 < F <= 1 of every P > 0 seconds")
-    subprocess.Popen([sys.executable, "-c", _BURNER, repr(duty), repr(period)])
+    here = os.path.dirname(os.path.abspath(__file__))
+    # bench_neighbour.py's neighbour, at the export process's default niceness (19) and class (idle); its
+    # files in this process's directory (the benchmark's, removed with it)
+    subprocess.Popen([sys.executable, os.path.join(here, "bench_neighbour.py"), "--neighbour", "dicts",
+                      "--workdir", os.getcwd(), "--duty", repr(duty),
+                      "--period", repr(period), "--nice", "19"])
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ Workloads:
 - fsync:  4 KiB written to a file and fsync'ed, in a loop (I/O only)
 - sqlite: the "json" work and sqlite inserts with a commit: the export process's kind of work
 - memory: writes across a 64 MiB buffer (memory bandwidth and the shared cache)
+- dicts:  small dicts made and turned into text (allocation-heavy Python)
 """
 
 from __future__ import annotations
@@ -33,26 +34,33 @@ import tempfile
 import time
 
 WINDOW_S = 0.5
-WORKLOADS = ("none", "spin", "json", "fsync", "sqlite", "memory")
+WORKLOADS = ("none", "spin", "json", "fsync", "sqlite", "memory", "dicts")
 
 
-def neighbour(kind: str, workdir: str) -> None:
-    """The neighbour process: works in even windows, sleeps in odd ones."""
+def neighbour(kind: str, workdir: str, duty: float = 0.5, period_s: float = 2 * WINDOW_S, nice: int = 0) -> None:
+    """The neighbour process: works the first `duty` of every `period_s` of the monotonic clock (by
+    default its even `WINDOW_S` windows) and sleeps the rest; in the idle class, `nice` lower; ends
+    with its parent.  (Also `benchmarks/_lockstep_demo.py`'s ``LOCKSTEP_BURN``.)"""
+    if nice > 0:
+        os.nice(nice)
     if hasattr(os, "SCHED_IDLE"):
         try:
             os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
         except OSError:
             pass
+    parent = os.getppid()
+    busy_s = duty * period_s
     con = sqlite3.connect(os.path.join(workdir, "neighbour.db"))
     con.execute("CREATE TABLE IF NOT EXISTS t (a TEXT, b TEXT)")
     rnd = random.Random(0)
     rows = [{f"k{i}": "v" * 50 + str(rnd.random()) for i in range(200)} for _ in range(50)]
     buf = bytearray(64 << 20)
     ones = b"\1" * (len(buf) // 64)
-    while True:
+    while os.getppid() == parent:
         now = time.monotonic()
-        if int(now / WINDOW_S) % 2 or kind == "none":
-            time.sleep(WINDOW_S - (now % WINDOW_S) + 0.001)
+        phase = now % period_s
+        if phase >= busy_s or kind == "none":
+            time.sleep(period_s - phase + 0.001)
         elif kind == "sqlite":
             texts = [json.dumps(r) for r in rows]
             con.executemany("INSERT INTO t VALUES (?, ?)", [(x, x[:100]) for x in texts])
@@ -69,6 +77,8 @@ def neighbour(kind: str, workdir: str) -> None:
                 os.fsync(f.fileno())
         elif kind == "memory":
             buf[::64] = ones
+        elif kind == "dicts":  # small dicts made and turned into text: allocation-heavy Python
+            "".join(repr({"name": f"span{i}", "attrs": {"k": str(i) * 3, "v": i * 1.5}}) for i in range(200))
         # spin: nothing to do but loop
 
 
@@ -127,9 +137,12 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--neighbour", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--workdir", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--duty", type=float, default=0.5, help=argparse.SUPPRESS)
+    ap.add_argument("--period", type=float, default=2 * WINDOW_S, help=argparse.SUPPRESS)
+    ap.add_argument("--nice", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.neighbour:
-        neighbour(args.neighbour, args.workdir or tempfile.gettempdir())
+        neighbour(args.neighbour, args.workdir or tempfile.gettempdir(), args.duty, args.period, args.nice)
         return
     os.environ.setdefault("WANDB_MODE", "offline")
     results = []
