@@ -21,6 +21,7 @@ spooled survives a crash; without one, overflow drops the oldest batch (counted)
 from __future__ import annotations
 
 import logging
+import math
 import random
 import threading
 import time
@@ -42,6 +43,9 @@ from .serialize import DEFAULT_MAX_CHARS, materialize
 
 _log = logging.getLogger("otel_rl")
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+#: a trajectory that opens within this long of the last one's end goes on with that stretch of rollouts
+#: (`rollout_defer_s`), and while rollouts follow one another so closely the worker looks in this often
+_REOPEN_S = 0.05
 
 
 class LogItem:
@@ -841,6 +845,7 @@ class Pipeline:
         self._defer_max_items = max(self._batch_wake, self._max_items // 2)
         self._open: deque = deque()  # one entry per open trajectory (a deque's append and pop are atomic)
         self._busy_since = 0.0
+        self._last_close = -math.inf  # when the last open trajectory closed
         self._urgent_lock = threading.Lock()
         self._deferring = False  # the worker is leaving items queued for the open rollouts
         self._urgent = 0  # flush requests and added exporters queued: no deferral until they are taken
@@ -919,23 +924,30 @@ class Pipeline:
         return len(self._open)
 
     def rollout_started(self) -> None:
-        """A trajectory opened (the training thread is rolling out): see `_defer_left`.  No lock: two
-        threads opening the first two at once may both see two open, and leave the stretch's start
-        time at the last stretch's, which only ends this stretch's deferral early."""
+        """A trajectory opened (the training thread is rolling out): see `_defer_left`.  One that opens
+        within `_REOPEN_S` of the last one's end (trajectories run one after another) goes on with that
+        stretch of rollouts rather than starting a new one.  No lock: two threads opening the first two
+        at once may both see two open, and leave the stretch's start time at the last stretch's, which
+        only ends this stretch's deferral early."""
         o = self._open
         o.append(None)
         if len(o) == 1:
-            self._busy_since = time.monotonic()
+            now = time.monotonic()
+            if now - self._last_close > _REOPEN_S:
+                self._busy_since = now
 
     def rollout_ended(self) -> None:
-        """A trajectory closed; the last one wakes the worker if it was leaving batches queued."""
+        """A trajectory closed; the last one wakes the worker if it was leaving batches queued (and
+        waiting for that end: not while rollouts follow one another, see `_run`)."""
         o = self._open
         try:
             o.pop()
         except IndexError:
             return
-        if not o and self._deferring:
-            self._wake.set()
+        if not o:
+            self._last_close = time.monotonic()
+            if self._deferring:
+                self._wake.set()
 
     def _hurry(self) -> None:
         with self._urgent_lock:
@@ -993,6 +1005,12 @@ class Pipeline:
             if left > 0:
                 self.deferrals += 1
                 wait_s = left  # or until the last rollout ends (rollout_ended), or a flush
+                if time.monotonic() - self._last_close < _REOPEN_S:
+                    # rollouts one after another: woken by each one's end, this thread would take the
+                    # interpreter lock from the training thread at every trajectory; it looks again
+                    # every `_REOPEN_S` instead (the end of the last one is seen that much later)
+                    self._deferring = False
+                    wait_s = min(left, _REOPEN_S)
                 continue
             self._deferring = False
             try:

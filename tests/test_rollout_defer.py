@@ -98,6 +98,48 @@ def test_deferral_ends_after_rollout_defer_s_of_open_rollouts():
         h.shutdown(10)
 
 
+def test_rollouts_one_after_another_are_one_stretch_for_the_bound():
+    """A trainer that runs its trajectories one at a time opens the next one right after the last one
+    closed: that is still one rollout phase, and `rollout_defer_s` bounds it as a whole (a stretch that
+    started anew with each trajectory would leave everything queued for as long as the rollouts go on)."""
+    exp = Timed()
+    h = start(exp, rollout_defer_s=0.3)
+    try:
+        opened = time.monotonic()
+        i = 0
+        while not exp.of(StepMetrics) and time.monotonic() - opened < 3.0:
+            with otel_rl.trajectory(step=0, sample_index=i):
+                if i == 0:
+                    h.log({"x": 1.0}, step=0)
+                time.sleep(0.002)  # (the trajectory's work: the pipeline thread runs meanwhile)
+            i += 1
+        first = exp.first_time(StepMetrics)
+        assert first is not None, "still held back after 3 s of back-to-back rollouts"
+        assert 0.25 <= first - opened < 1.5 and i > 20
+    finally:
+        h.shutdown(10)
+
+
+def test_rollouts_one_after_another_do_not_wake_the_pipeline_thread_at_each_end():
+    exp = Timed()
+    h = start(exp, rollout_defer_s=60)
+    try:
+        with otel_rl.trajectory(step=0, sample_index=-1):
+            h.log({"x": 1.0}, step=0)
+            time.sleep(0.1)  # the pipeline thread finds it open and leaves the batch queued
+        for i in range(200):  # ~0.5 s of rollouts, each opened right after the last one closed
+            with otel_rl.trajectory(step=0, sample_index=i):
+                time.sleep(0.002)
+                if i == 199:
+                    woken = h._pipeline.deferrals
+                    assert exp.of(StepMetrics) == []  # still deferred: the stretch goes on
+        # looked in on every ~50 ms rather than woken by each of the 200 ends
+        assert 1 <= woken <= 40, woken
+        assert wait_for(lambda: exp.of(StepMetrics), 5)  # after the last end: out within a look
+    finally:
+        h.shutdown(10)
+
+
 def test_zero_turns_deferral_off():
     exp = Timed()
     h = start(exp, rollout_defer_s=0)
