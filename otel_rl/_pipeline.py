@@ -44,8 +44,10 @@ from .serialize import DEFAULT_MAX_CHARS, materialize
 _log = logging.getLogger("otel_rl")
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 #: a trajectory that opens within this long of the last one's end goes on with that stretch of rollouts
-#: (`rollout_defer_s`), and while rollouts follow one another so closely the worker looks in this often
+#: (`rollout_defer_s`)
 _REOPEN_S = 0.05
+#: while the worker leaves batches queued for open rollouts, it looks in this often (not woken by their end)
+_LOOK_S = 0.05
 
 
 class LogItem:
@@ -847,7 +849,6 @@ class Pipeline:
         self._busy_since = 0.0
         self._last_close = -math.inf  # when the last open trajectory closed
         self._urgent_lock = threading.Lock()
-        self._deferring = False  # the worker is leaving items queued for the open rollouts
         self._urgent = 0  # flush requests and added exporters queued: no deferral until they are taken
         self.deferrals = 0  # how often the worker left a batch queued for open rollouts
         self._worker = threading.Thread(target=self._run, name="otel-rl-pipeline", daemon=True)
@@ -937,8 +938,8 @@ class Pipeline:
                 self._busy_since = now
 
     def rollout_ended(self) -> None:
-        """A trajectory closed; the last one wakes the worker if it was leaving batches queued (and
-        waiting for that end: not while rollouts follow one another, see `_run`)."""
+        """A trajectory closed (the worker, if it is leaving batches queued, sees the last one's end at
+        its next look: `_run`)."""
         o = self._open
         try:
             o.pop()
@@ -946,8 +947,6 @@ class Pipeline:
             return
         if not o:
             self._last_close = time.monotonic()
-            if self._deferring:
-                self._wake.set()
 
     def _hurry(self) -> None:
         with self._urgent_lock:
@@ -1000,19 +999,15 @@ class Pipeline:
             self._wake.wait(wait_s)
             self._wake.clear()
             wait_s = delay
-            self._deferring = True  # (before reading the rollouts: the last one to end then wakes this)
             left = self._defer_left()
             if left > 0:
+                # Not woken by the rollouts' end: where trajectories run one after another that would
+                # take the interpreter lock from the training thread at each of them; and the phase right
+                # after the rollouts (scoring them) is Python too, while the one after it is mostly torch.
+                # A look every `_LOOK_S` sees the last end that much later at most (or a flush wakes it).
                 self.deferrals += 1
-                wait_s = left  # or until the last rollout ends (rollout_ended), or a flush
-                if time.monotonic() - self._last_close < _REOPEN_S:
-                    # rollouts one after another: woken by each one's end, this thread would take the
-                    # interpreter lock from the training thread at every trajectory; it looks again
-                    # every `_REOPEN_S` instead (the end of the last one is seen that much later)
-                    self._deferring = False
-                    wait_s = min(left, _REOPEN_S)
+                wait_s = min(left, _LOOK_S)
                 continue
-            self._deferring = False
             try:
                 self._drain()
                 remote = self.remote

@@ -1,5 +1,6 @@
 """While trajectories are open, the pipeline leaves what is submitted queued (``rollout_defer_s``):
-it goes out when the last one closes, at a flush, after ``rollout_defer_s``, or at half the queue."""
+it goes out at the pipeline thread's first look (every 50 ms) after the last one closed, at a flush,
+after ``rollout_defer_s``, or at half the queue."""
 
 from __future__ import annotations
 
@@ -61,7 +62,7 @@ def test_batches_wait_for_the_open_rollouts_and_go_when_the_last_one_closes():
             closed = time.monotonic()
         assert wait_for(lambda: len(exp.of(Trajectory)) == 2 and exp.of(StepMetrics), 10)  # no flush
         first = min(exp.first_time(Trajectory), exp.first_time(StepMetrics))
-        assert first >= closed and first - closed < 5.0  # woken by the end, not by the 60 s bound
+        assert first >= closed and first - closed < 5.0  # seen after the end, not sent at the 60 s bound
         assert h._pipeline.open_rollouts == 0
     finally:
         h.shutdown(10)
