@@ -850,7 +850,7 @@ class Pipeline:
         self._last_close = -math.inf  # when the last open trajectory closed
         self._urgent_lock = threading.Lock()
         self._urgent = 0  # flush requests and added exporters queued: no deferral until they are taken
-        self.deferrals = 0  # how often the worker left a batch queued for open rollouts
+        self.deferrals = 0  # how often the worker looked in and left its batches queued for open rollouts
         self._worker = threading.Thread(target=self._run, name="otel-rl-pipeline", daemon=True)
         self._worker.start()
 
@@ -1002,9 +1002,9 @@ class Pipeline:
             left = self._defer_left()
             if left > 0:
                 # Not woken by the rollouts' end: where trajectories run one after another that would
-                # take the interpreter lock from the training thread at each of them; and the phase right
-                # after the rollouts (scoring them) is Python too, while the one after it is mostly torch.
-                # A look every `_LOOK_S` sees the last end that much later at most (or a flush wakes it).
+                # take the interpreter lock from the training thread at each of them, and right after a
+                # rollout comes its scoring, Python as well.  A look every `_LOOK_S` sees the last end that
+                # much later at most (a flush still wakes it at once).
                 self.deferrals += 1
                 wait_s = min(left, _LOOK_S)
                 continue
