@@ -66,6 +66,12 @@ def _pace(done_fd: int, go_fd: int) -> None:
     burn = os.environ.get("LOCKSTEP_BURN", "")
     if burn:
         _start_burner(burn)
+    # LOCKSTEP_WAKE=HZ: a process beside the trainer (paused with it, at the export process's niceness and idle
+    # class) that only wakes HZ times a second and sleeps again: what a neighbour's wake-ups cost the training
+    # thread (wandb's service, a Go program, wakes ~100 times a second while a run is open)
+    wake = os.environ.get("LOCKSTEP_WAKE", "")
+    if wake:
+        _start_waker(wake)
     from otel_rl._runtime import RT
 
     if hold or quiet_gen:
@@ -153,6 +159,28 @@ def _start_burner(spec: str) -> None:
     subprocess.Popen([sys.executable, os.path.join(here, "bench_neighbour.py"), "--neighbour", "dicts",
                       "--workdir", os.getcwd(), "--duty", repr(duty),
                       "--period", repr(period), "--nice", "19"])
+
+
+def _start_waker(spec: str) -> None:
+    import subprocess
+
+    try:
+        hz = float(spec)
+    except ValueError:
+        hz = -1.0
+    if not 0.0 < hz <= 10_000.0:
+        raise SystemExit(f"LOCKSTEP_WAKE={spec!r}: expected a rate in wake-ups per second, 0 < HZ <= 10000")
+    code = ("import os, time\n"
+            "parent = os.getppid()\n"
+            "os.nice(19)\n"
+            "try:\n"
+            "    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))\n"
+            "except (AttributeError, OSError):\n"
+            "    pass\n"
+            f"pause = 1.0 / {hz!r}\n"
+            "while os.getppid() == parent:\n"
+            "    time.sleep(pause)\n")
+    subprocess.Popen([sys.executable, "-S", "-c", code])
 
 
 if __name__ == "__main__":

@@ -426,6 +426,7 @@ def main() -> None:
                          "export process stays stopped during the steps and catches up at the end; on@LOCKSTEP_QUIET_GEN=1: "
                          "stopped only while the trainer's 'gen' timer is open; off@LOCKSTEP_BURN=0.1: a process beside it "
                          "busy 10 %% of every 100 ms at the export process's priority (=F:P: F of every P s); "
+                         "off@LOCKSTEP_WAKE=100: one that only wakes 100 times a second; "
                          "off@LOCKSTEP_ARGS=\"k=v ...\": dotlist overrides for "
                          "that variant only)")
     ap.add_argument("--group", type=int, default=1, metavar="K",
