@@ -170,17 +170,10 @@ def _start_waker(spec: str) -> None:
         hz = -1.0
     if not 0.0 < hz <= 10_000.0:
         raise SystemExit(f"LOCKSTEP_WAKE={spec!r}: expected a rate in wake-ups per second, 0 < HZ <= 10000")
-    code = ("import os, time\n"
-            "parent = os.getppid()\n"
-            "os.nice(19)\n"
-            "try:\n"
-            "    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))\n"
-            "except (AttributeError, OSError):\n"
-            "    pass\n"
-            f"pause = 1.0 / {hz!r}\n"
-            "while os.getppid() == parent:\n"
-            "    time.sleep(pause)\n")
-    subprocess.Popen([sys.executable, "-S", "-c", code])
+    here = os.path.dirname(os.path.abspath(__file__))
+    # bench_neighbour.py's neighbour doing no work, at the export process's niceness (19) and class (idle)
+    subprocess.Popen([sys.executable, os.path.join(here, "bench_neighbour.py"), "--neighbour", "wake",
+                      "--period", repr(1.0 / hz), "--nice", "19"])
 
 
 if __name__ == "__main__":

@@ -39,8 +39,9 @@ WORKLOADS = ("none", "spin", "json", "fsync", "sqlite", "memory", "dicts")
 
 def neighbour(kind: str, workdir: str, duty: float = 0.5, period_s: float = 2 * WINDOW_S, nice: int = 0) -> None:
     """The neighbour process: works the first `duty` of every `period_s` of the monotonic clock (by
-    default its even `WINDOW_S` windows) and sleeps the rest; in the idle class, `nice` lower; ends
-    with its parent.  (Also `benchmarks/_lockstep_demo.py`'s ``LOCKSTEP_BURN``.)"""
+    default its even `WINDOW_S` windows) and sleeps the rest (``wake``: does nothing but wake every
+    `period_s`); in the idle class, `nice` lower; ends with its parent.  (Also
+    `benchmarks/_lockstep_demo.py`'s ``LOCKSTEP_BURN`` and ``LOCKSTEP_WAKE``.)"""
     if nice > 0:
         os.nice(nice)
     if hasattr(os, "SCHED_IDLE"):
@@ -49,6 +50,10 @@ def neighbour(kind: str, workdir: str, duty: float = 0.5, period_s: float = 2 * 
         except OSError:
             pass
     parent = os.getppid()
+    if kind == "wake":  # no work at all: only wakes every `period_s` (_lockstep_demo.py's LOCKSTEP_WAKE)
+        while os.getppid() == parent:
+            time.sleep(period_s)
+        return
     busy_s = duty * period_s
     con = sqlite3.connect(os.path.join(workdir, "neighbour.db"))
     con.execute("CREATE TABLE IF NOT EXISTS t (a TEXT, b TEXT)")
