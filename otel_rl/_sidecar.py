@@ -25,7 +25,8 @@ Protocol (two pipes; frames are a 4-byte little-endian length and a pickle):
     child -> trainer   ("ready", {name: error or None})
                        ("stats", {name: stats}, settled_seq)   about twice a second
                        ("flushed", seq, ok, {name: stats})
-                       ("stopped", {name: stats})
+                       ("stopped", {name: stats})       every tracker run finished, the exit hooks run;
+                                                          the child ends right after (not waited for)
 
 Each exporter has the same `DeliveryQueue` in the child as it would have in the
 trainer: retries with backoff, spool on disk when the tracker fails or falls
@@ -431,15 +432,17 @@ class SidecarClient:
             self._cond.notify_all()
 
     def join(self, timeout_s: float) -> None:
-        """Wait for the child to finish (its tracker runs closed), up to `timeout_s` + a grace period."""
+        """Wait for the child to finish (its tracker runs closed and their exit hooks run), up to `timeout_s`
+        + a grace period.  Once it has said so ("stopped") it is not waited for any longer: what is left is
+        the kernel's teardown of the process, and the reader thread reaps it."""
         if not self._stop_sent:
             self.request_stop(timeout_s)
-        self._stopped.wait(max(0.0, timeout_s) + STOP_GRACE_S)
-        try:
-            _wait_exit(self.proc, 5.0)
-        except subprocess.TimeoutExpired:
-            _log.warning("otel-rl: the export process (pid %d) is still finishing its tracker runs; "
-                         "it exits on its own when done", self.proc.pid)
+        if not self._stopped.wait(max(0.0, timeout_s) + STOP_GRACE_S):
+            try:
+                _wait_exit(self.proc, 5.0)
+            except subprocess.TimeoutExpired:
+                _log.warning("otel-rl: the export process (pid %d) is still finishing its tracker runs; "
+                             "it exits on its own when done", self.proc.pid)
         self._sender.join(1.0)
 
     # -- threads ---------------------------------------------------------------------------
@@ -683,7 +686,9 @@ class _Server:
                 pass
         self.send(("flushed", seq, ok, self.stats(), self.settled()))
 
-    def stop(self, timeout_s: float, failure: tuple[str, str] | None = None) -> None:
+    def stop(self, timeout_s: float, failure: tuple[str, str] | None = None, report: bool = True) -> None:
+        """Every exporter's last delivery, flush and shutdown; then "stopped" to the trainer (with `report`
+        False, the caller sends it: `report_stopped`)."""
         deadline = time.monotonic() + timeout_s
         if self._gc_settle_by is not None:
             self._settle_gc(force=True)
@@ -704,9 +709,14 @@ class _Server:
         for t in threads:
             t.join()
         self.stop_event.set()
+        if report:
+            self.report_stopped()
+
+    def report_stopped(self) -> None:
         self.send(("stopped", self.stats()))
 
-    def serve(self) -> None:
+    def serve(self, report: bool = True) -> None:
+        """Serve the trainer's messages until it asks to stop (or is gone), then `stop`."""
         stop_budget = 30.0
         failure = None
         while True:
@@ -735,7 +745,7 @@ class _Server:
                 self.add_tokenizer(msg[1], msg[2])
             elif kind == "console":
                 self.console(msg[1])
-        self.stop(stop_budget, failure)
+        self.stop(stop_budget, failure, report)
 
 
 def _finish_queue(q: DeliveryQueue, deadline: float) -> None:
@@ -759,12 +769,19 @@ def main(argv: Sequence[str]) -> NoReturn:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the trainer stops us in order
     r = os.fdopen(int(argv[0]), "rb", buffering=1 << 16)
     w = os.fdopen(int(argv[1]), "wb", buffering=1 << 16)
-    _Server(r, w).serve()
-    try:
-        w.close()
-    except (OSError, ValueError):  # the trainer is gone: what it would have read does not matter
-        pass
-    # Every tracker run is finished and its data written (the exporters' shutdown, then the trackers'
-    # own exit hooks, run here).  What is left is the interpreter tearing down MLflow's, wandb's and
-    # SwanLab's module graphs, over a second of CPU that the trainer would wait for: skipped.
-    quick_exit(0, join_timeout_s=60.0)
+    server = _Server(r, w)
+    server.serve(report=False)
+
+    def report() -> None:
+        # Every tracker run is finished and its data written (the exporters' shutdown, then the trackers'
+        # own exit hooks, which `quick_exit` has just run): the trainer can go on.  It does not wait for
+        # this process's end — the kernel's teardown of its memory, ~20 ms after the last exit hook.
+        server.report_stopped()
+        try:
+            w.close()
+        except (OSError, ValueError):  # the trainer is gone: what it would have read does not matter
+            pass
+
+    # What is left is the interpreter tearing down MLflow's, wandb's and SwanLab's module graphs, over a
+    # second of CPU that the trainer would wait for: skipped.
+    quick_exit(0, join_timeout_s=60.0, before_exit=report)

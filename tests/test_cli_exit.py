@@ -94,3 +94,47 @@ def test_an_idle_thread_pool_does_not_hold_the_exit_up(tmp_path):
     """, tmp_path)  # (_run's timeout, 60 s, fails the test if the exit waited for the idle workers)
     assert proc.returncode == 4, proc.stderr
     assert (tmp_path / "task").read_text() == "done"
+
+
+#: a program that logs what runs, in order, to <tmp>/order; an exit handler logs "exit handler"
+_ORDER_LOG = """
+        import atexit, pathlib, sys
+        from otel_rl._exit import quick_exit
+        out = pathlib.Path(sys.argv[1])
+        def log(what):
+            with open(out / "order", "a") as f:
+                f.write(what + "\\n")
+        atexit.register(log, "exit handler")
+"""
+
+
+def test_before_exit_runs_after_the_exit_handlers_and_the_flush(tmp_path):
+    """The export process reports "stopped" from `before_exit`: only once the trackers' exit hooks have run
+    and what they printed is out, so the trainer need not wait for the process's end."""
+    proc = _run(_ORDER_LOG + """
+        sys.stdout.write("buffered")
+        def before_exit():
+            log("before_exit")
+            raise RuntimeError("ignored")
+        quick_exit(6, join_timeout_s=1.0, before_exit=before_exit)
+    """, tmp_path)
+    assert proc.returncode == 6, proc.stderr
+    assert proc.stdout == "buffered"
+    assert (tmp_path / "order").read_text().splitlines() == ["exit handler", "before_exit"]
+    assert "RuntimeError" not in proc.stderr
+
+
+def test_before_exit_on_the_normal_exit_path(tmp_path):
+    """Called from a thread other than the main one, quick_exit is sys.exit: `before_exit` runs too (there,
+    before the exit handlers)."""
+    proc = _run(_ORDER_LOG + """
+        import threading
+        def worker():
+            quick_exit(0, before_exit=lambda: log("before_exit"))
+        t = threading.Thread(target=worker)
+        t.start()
+        t.join()
+        log("main goes on")
+    """, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "order").read_text().splitlines() == ["before_exit", "main goes on", "exit handler"]

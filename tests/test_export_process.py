@@ -239,7 +239,7 @@ def test_out_of_process_and_in_process_exports_are_equal(store, monkeypatch):
         h.shutdown()
         assert stats["dropped"] == 0 and stats["failed_attempts"] == 0 and stats["exported"] > 0, stats
         if mode == "true":
-            assert h._sidecar.proc.returncode == 0
+            assert h._sidecar.proc.wait(10) == 0  # it ends right after shutdown() returns
         # each store holds exactly what the core recorded (values, timestamps, params, traces, tables)
         client = MlflowClient(store)
         exp, run = get_run(client, name)
@@ -304,7 +304,8 @@ def test_flush_waits_for_the_export_process_and_stats_come_from_it(store, monkey
     assert h.stats()["exporters"]["mlflow"]["exported"] == 7
     assert child.poll() is None
     h.shutdown()
-    assert child.returncode == 0 and not pid_alive(child.pid)
+    # shutdown() returned once the export process said it was done; it ends right after, on its own
+    assert child.wait(10) == 0 and not pid_alive(child.pid)
     assert get_run(client, name)[1].info.status == "FINISHED"
     assert_steps(store, name, range(1, 7))
 
@@ -704,7 +705,7 @@ def test_wandb_through_the_export_process(wandb_dir):  # noqa: F811
         assert h.flush(60)
     otel_rl.log_generations([("问题", "答案", 1.0), ("q2", "a2", 0.5)], step=3)
     h.shutdown()
-    assert child.returncode == 0
+    assert child.wait(10) == 0
     stats = h.stats()["exporters"]["wandb"]
     assert stats["exported"] > 0 and stats["dropped"] == 0 and stats["failed_attempts"] == 0, stats
 
@@ -865,9 +866,15 @@ def test_export_process_starts_in_the_idle_class_at_its_niceness(store, monkeypa
         assert h.flush(60)  # it has read "hello", started its exporter and delivered
         tids = os.listdir(f"/proc/{pid}/task")
         assert len(tids) > 1
+        checked = 0
         for tid in tids:
-            assert os.sched_getscheduler(int(tid)) == os.SCHED_IDLE
-            assert nice_of(int(tid)) == min(19, os.nice(0) + 5)
+            try:  # (a thread that has just ended, such as the one that answered the flush, is gone)
+                policy, nice = os.sched_getscheduler(int(tid)), nice_of(int(tid))
+            except (ProcessLookupError, FileNotFoundError):
+                continue
+            assert policy == os.SCHED_IDLE and nice == min(19, os.nice(0) + 5)
+            checked += 1
+        assert checked > 1
     finally:
         h.shutdown()
 
@@ -911,7 +918,7 @@ def test_export_process_ignores_sigint(store, monkeypatch):
     assert child.poll() is None and h._sidecar.alive
     assert [type(e) for e in h.exporters] == [RemoteExporter]  # no takeover happened
     h.shutdown()
-    assert child.returncode == 0
+    assert child.wait(10) == 0
 
 
 class _RunsExporter:
