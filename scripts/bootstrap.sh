@@ -33,3 +33,7 @@ if [ "${1:-}" = "--test" ]; then
 else
   "${PIP[@]}" -e ".[all]" "${EXPORTERS[@]}"
 fi
+# The repository's own packages are installed editable, which leaves them uncompiled: compile them now, as
+# pip does for a regular install.  Where Python writes no bytecode at run time (PYTHONDONTWRITEBYTECODE),
+# every start would otherwise compile them again (~50 ms of `init()` with the tracker exporters).
+.venv/bin/python -m compileall -q otel_rl exporters >/dev/null
