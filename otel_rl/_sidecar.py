@@ -25,8 +25,9 @@ Protocol (two pipes; frames are a 4-byte little-endian length and a pickle):
     child -> trainer   ("ready", {name: error or None})
                        ("stats", {name: stats}, settled_seq)   about twice a second
                        ("flushed", seq, ok, {name: stats})
-                       ("stopped", {name: stats})       every tracker run finished, the exit hooks run;
-                                                          the child ends right after (not waited for)
+                       ("stopped", {name: stats})       every tracker run finished
+                       ("done",)                          the exit hooks have run too; the child ends
+                                                          right after (its end is not waited for)
 
 Each exporter has the same `DeliveryQueue` in the child as it would have in the
 trainer: retries with backoff, spool on disk when the tracker fails or falls
@@ -288,6 +289,7 @@ class SidecarClient:
         self._max_unsettled = max(1000, int(getattr(config, "queue_size", 100_000)))
         self._stop_sent = False
         self._stopped = threading.Event()
+        self._done = threading.Event()  # its exit hooks have run ("done"), or it has ended
         self.alive = True
         self._adopted = threading.Event()
         self.fallback: Callable[[list, Sequence[str]], None] | None = None
@@ -432,17 +434,15 @@ class SidecarClient:
             self._cond.notify_all()
 
     def join(self, timeout_s: float) -> None:
-        """Wait for the child to finish (its tracker runs closed and their exit hooks run), up to `timeout_s`
-        + a grace period.  Once it has said so ("stopped") it is not waited for any longer: what is left is
-        the kernel's teardown of the process, and the reader thread reaps it."""
+        """Wait for the child to finish (its tracker runs closed), up to `timeout_s` + a grace period, then
+        for its exit hooks ("done", or the end of the process), up to 5 s.  The process's end itself (the
+        kernel's teardown of it) is not waited for: the reader thread reaps it."""
         if not self._stop_sent:
             self.request_stop(timeout_s)
-        if not self._stopped.wait(max(0.0, timeout_s) + STOP_GRACE_S):
-            try:
-                _wait_exit(self.proc, 5.0)
-            except subprocess.TimeoutExpired:
-                _log.warning("otel-rl: the export process (pid %d) is still finishing its tracker runs; "
-                             "it exits on its own when done", self.proc.pid)
+        self._stopped.wait(max(0.0, timeout_s) + STOP_GRACE_S)
+        if not self._done.wait(5.0):
+            _log.warning("otel-rl: the export process (pid %d) is still finishing its tracker runs; "
+                         "it exits on its own when done", self.proc.pid)
         self._sender.join(1.0)
 
     # -- threads ---------------------------------------------------------------------------
@@ -499,6 +499,8 @@ class SidecarClient:
                 self._flushed = self._seq
             self._settle(self._seq)
             self._stopped.set()
+        elif kind == "done":
+            self._done.set()
 
     def _apply_stats(self, stats: dict) -> None:
         for name, d in stats.items():
@@ -527,6 +529,7 @@ class SidecarClient:
             _wait_exit(self.proc, 5.0)
         except subprocess.TimeoutExpired:
             pass
+        self._done.set()
         if stopped:
             self._adopted.set()
             return
@@ -686,9 +689,7 @@ class _Server:
                 pass
         self.send(("flushed", seq, ok, self.stats(), self.settled()))
 
-    def stop(self, timeout_s: float, failure: tuple[str, str] | None = None, report: bool = True) -> None:
-        """Every exporter's last delivery, flush and shutdown; then "stopped" to the trainer (with `report`
-        False, the caller sends it: `report_stopped`)."""
+    def stop(self, timeout_s: float, failure: tuple[str, str] | None = None) -> None:
         deadline = time.monotonic() + timeout_s
         if self._gc_settle_by is not None:
             self._settle_gc(force=True)
@@ -709,14 +710,9 @@ class _Server:
         for t in threads:
             t.join()
         self.stop_event.set()
-        if report:
-            self.report_stopped()
-
-    def report_stopped(self) -> None:
         self.send(("stopped", self.stats()))
 
-    def serve(self, report: bool = True) -> None:
-        """Serve the trainer's messages until it asks to stop (or is gone), then `stop`."""
+    def serve(self) -> None:
         stop_budget = 30.0
         failure = None
         while True:
@@ -745,7 +741,7 @@ class _Server:
                 self.add_tokenizer(msg[1], msg[2])
             elif kind == "console":
                 self.console(msg[1])
-        self.stop(stop_budget, failure, report)
+        self.stop(stop_budget, failure)
 
 
 def _finish_queue(q: DeliveryQueue, deadline: float) -> None:
@@ -770,13 +766,13 @@ def main(argv: Sequence[str]) -> NoReturn:
     r = os.fdopen(int(argv[0]), "rb", buffering=1 << 16)
     w = os.fdopen(int(argv[1]), "wb", buffering=1 << 16)
     server = _Server(r, w)
-    server.serve(report=False)
+    server.serve()  # ends with "stopped": every tracker run finished
 
-    def report() -> None:
-        # Every tracker run is finished and its data written (the exporters' shutdown, then the trackers'
-        # own exit hooks, which `quick_exit` has just run): the trainer can go on.  It does not wait for
-        # this process's end — the kernel's teardown of its memory, ~20 ms after the last exit hook.
-        server.report_stopped()
+    def done() -> None:
+        # The trackers' own exit hooks have run too (`quick_exit` has just run them) and the output is
+        # flushed: the trainer goes on without waiting for this process's end (the kernel's teardown of
+        # its memory, ~20 ms).
+        server.send(("done",))
         try:
             w.close()
         except (OSError, ValueError):  # the trainer is gone: what it would have read does not matter
@@ -784,4 +780,4 @@ def main(argv: Sequence[str]) -> NoReturn:
 
     # What is left is the interpreter tearing down MLflow's, wandb's and SwanLab's module graphs, over a
     # second of CPU that the trainer would wait for: skipped.
-    quick_exit(0, join_timeout_s=60.0, before_exit=report)
+    quick_exit(0, join_timeout_s=60.0, before_exit=done)

@@ -17,6 +17,7 @@ import json
 import math
 import os
 import signal
+import subprocess
 import sys
 import textwrap
 import threading
@@ -1262,9 +1263,8 @@ def test_export_process_cpus_none_of_which_is_available_leave_it_where_it_was_wi
 
 
 def test_waiting_for_the_export_process_to_exit_returns_its_code_and_times_out_as_popen_does():
-    # (the training process waits for the export process's exit at shutdown: woken by the exit itself)
-    import subprocess
-
+    # (the training process waits for the export process's exit where it has not said it is done: woken
+    # by the exit itself)
     from otel_rl._sidecar import _wait_exit
 
     p = subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(3)"])
@@ -1278,3 +1278,38 @@ def test_waiting_for_the_export_process_to_exit_returns_its_code_and_times_out_a
     finally:
         p.kill()
         assert _wait_exit(p, 60) == -signal.SIGKILL
+
+
+def test_the_export_process_says_stopped_then_done_after_its_exit_hooks(tmp_path):
+    """At the end the export process says "stopped" (every tracker run finished: nothing is delivered again
+    after it, whatever happens next), then "done" once the exit hooks have run, even the first registered
+    (run last), and only then ends: the trainer waits for "done", not for the process's end."""
+    from otel_rl import _sidecar
+
+    hook_file = tmp_path / "hook"
+    (tmp_path / "sitecustomize.py").write_text(textwrap.dedent(f"""
+        import atexit, time
+        def hook():
+            time.sleep(0.3)
+            open({str(hook_file)!r}, "w").write("ran")
+        atexit.register(hook)
+    """))
+    r_in, w_in = os.pipe()
+    r_out, w_out = os.pipe()
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), *(p for p in sys.path if p)]))
+    proc = subprocess.Popen([sys.executable, "-c", _sidecar._CHILD, str(r_in), str(w_out)],
+                            pass_fds=(r_in, w_out), env=env)
+    os.close(r_in)
+    os.close(w_out)
+    try:
+        with os.fdopen(w_in, "wb") as w, os.fdopen(r_out, "rb") as r:
+            _sidecar._write(w, ("stop", 10.0, None))
+            seen = []
+            while (msg := _sidecar._read(r)) is not None:
+                seen.append((msg[0], hook_file.exists()))
+        assert seen == [("stopped", False), ("done", True)]
+        assert proc.wait(10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
