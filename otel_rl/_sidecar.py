@@ -25,7 +25,7 @@ Protocol (two pipes; frames are a 4-byte little-endian length and a pickle):
     child -> trainer   ("ready", {name: error or None})
                        ("stats", {name: stats}, settled_seq)   about twice a second
                        ("flushed", seq, ok, {name: stats})
-                       ("stopped", {name: stats})       every tracker run finished
+                       ("stopped", {name: stats})         every tracker run finished
                        ("done",)                          the exit hooks have run too; the child ends
                                                           right after (its end is not waited for)
 
