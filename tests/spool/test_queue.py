@@ -263,7 +263,12 @@ def test_stuck_exporter_at_shutdown_leaves_everything_in_the_spool(tmp_path, cap
     assert s["exported"] == 0 and s["dropped"] == 0
     assert s["in_memory"] == 0 and s["spool_pending"] == s["queued"] == 1001
     assert any("kept in spool" in r.getMessage() for r in caplog.records)
+    stuck = [t for t in threading.enumerate() if t.name == "otel-rl-export-switch"]
+    assert len(stuck) == 1
     sw.gate.set()  # let the abandoned delivery thread go (it then delivers one batch, acked)
+    for t in stuck:  # ... and closes the spool: while it holds it, a new handle spools beside it instead
+        t.join(30)
+        assert not t.is_alive()
     sw2 = Switch(up=True)
     h2 = _init([sw2], tmp_path)
     assert h2.flush(30)
