@@ -109,8 +109,8 @@ _ORDER_LOG = """
 
 
 def test_before_exit_runs_after_the_exit_handlers_and_the_flush(tmp_path):
-    """The export process reports "stopped" from `before_exit`: only once the trackers' exit hooks have run
-    and what they printed is out, so the trainer need not wait for the process's end."""
+    """The export process says "done" from `before_exit`: only once the trackers' exit hooks have run and
+    what they printed is out, so the trainer need not wait for the process's end."""
     proc = _run(_ORDER_LOG + """
         sys.stdout.write("buffered")
         def before_exit():
