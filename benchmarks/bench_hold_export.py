@@ -21,7 +21,6 @@ method itself (the two kinds of block differ only by chance).
 
 from __future__ import annotations
 
-import os
 import signal
 import statistics
 import sys
@@ -31,7 +30,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from bench_demo import in_process_environment, in_process_parser, run_in_process  # noqa: E402
-from bench_telemetry_cpu import _descendants  # noqa: E402
+from bench_telemetry_cpu import _descendants, _signal_all  # noqa: E402
 
 
 def _comm(pid: int) -> str:
@@ -62,11 +61,7 @@ def main() -> None:
         pids = _descendants(remote.pid) if remote is not None else []
         if args.only:
             pids = [p for p in pids if _comm(p).startswith(args.only)]
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-            except OSError:
-                pass
+        _signal_all(pids, sig)
 
     rows: dict[str, list[dict[str, float]]] = {"running": [], "stopped": []}
     base = trainer_mod.GRPOTrainer
