@@ -569,3 +569,44 @@ def test_attribute_texts_of_repeated_scalars_are_their_json():
     for i in range(_traces._SCALARS_MAX + 10):
         assert _traces._attr(f"k{i}") == f'"k{i}"'
     assert len(_traces._SCALARS) <= _traces._SCALARS_MAX
+
+
+def test_remembered_helpers_give_what_mlflows_give(tmp_path):
+    """The writer's shortcuts to MLflow's pure helpers (a trace's artifact location built from one call per
+    experiment, JSON texts and tags remembered) give what the helpers themselves give, for ids and values of
+    every kind, and stay with MLflow's answer for what they do not cover."""
+    from mlflow.store.tracking import sqlalchemy_store as m
+    from mlflow.tracing.client import TracingClient
+    from mlflow.utils.uri import append_to_uri_path
+
+    store = TracingClient(f"sqlite:///{tmp_path / 'a.db'}").store
+    writer = _bulk.BulkTraceWriter.for_store(store)
+    assert writer is not None
+    roots = [str(tmp_path / "art dir"), f"file://{tmp_path}/x y", "s3://bucket/some/prefix", "mlflow-artifacts:/1",
+             "dbfs:/databricks/mlflow", "http://host:5000/a?b=c"]
+    ids = [otel_rl_mlflow.mlflow_trace_id(0xABC), otel_rl_mlflow.mlflow_trace_id(2**128 - 1),
+           "tr-XYZ", "tr-" + "0" * 31, "plain-id", "tr-" + "a" * 32 + "/b"]
+    for n, root in enumerate(roots):
+        eid = store.create_experiment(f"e{n}", artifact_location=root)
+        made = writer._trace_artifact_location(eid)
+        for tid in ids:
+            assert made(tid) == append_to_uri_path(root, "traces", tid, "artifacts"), (root, tid)
+        assert writer._trace_artifact_location(eid) is made  # once per experiment
+
+    values = ['"LLM"', '"TOOL"', '"tiny-transformer"', "3", "true", "null", '{"a": 1}', "[1, 2]", "not json", "",
+              '"x"' * 200, None, 7]
+    for _ in range(2):  # the second time from the memo
+        for v in values:
+            assert writer._parsed(v) == m._try_parse_json_string(v), v
+    listed = [1, 2]
+    assert writer._parsed(listed) is listed  # not a text: as MLflow, given back as it is
+
+    for key, value in [("step", "3"), ("rl.sample_index", "0"), ("k", "v" * 300)]:
+        for _ in range(2):
+            assert writer._validate_tag(key, value) == m._validate_trace_tag(key, value)
+    for _ in range(2):  # a failure is raised every time, as MLflow raises it
+        with pytest.raises(Exception) as mine:
+            writer._validate_tag("", "v")
+        with pytest.raises(Exception) as theirs:
+            m._validate_trace_tag("", "v")
+        assert type(mine.value) is type(theirs.value)

@@ -35,6 +35,7 @@ import base64
 import json
 import logging
 import os
+import re
 import sqlite3
 import threading
 import uuid
@@ -54,6 +55,9 @@ _ID_COLUMNS = ("request_id", "trace_id", "source_id", "destination_id")
 _VOLATILE = {"entity_associations": ("association_id", "created_time")}
 #: traces whose rows `prepare` keeps at most (more: they were never delivered, and are forgotten)
 _AHEAD_MAX = 10_000
+#: entries each memo of MLflow's pure helpers keeps at most (`BulkTraceWriter._parsed`, `._validate_tag`)
+_MEMO_MAX = 4096
+_HEX = re.compile(r"[0-9a-f]{32}")
 
 
 class _Stub:
@@ -133,6 +137,9 @@ class BulkTraceWriter(SqliteWriter):
         self.fast_traces = 0  # written here
         self.mlflow_traces = 0  # written by MLflow (probes, re-deliveries, after a mismatch)
         self._artifact_locations: dict[str, str] = {}
+        self._locations: dict[str, Callable[[str], str]] = {}  # experiment id -> `_trace_artifact_location`
+        self._parse_memo: dict[str, Any] = {}  # `_parsed`
+        self._tag_memo: dict[tuple[str, str], Any] = {}  # `_validate_tag`
         self._id_tables: dict[str, list[str]] | None = None
         # rows computed ahead of their delivery (`prepare`): trace id -> (experiment id, run id, rows)
         self._ahead: dict[str, tuple[str, str, Rows]] = {}
@@ -279,9 +286,10 @@ class BulkTraceWriter(SqliteWriter):
         bounded = h["bounded_model_dimension"]
         finite = h["finite_float_or_none"]
         count = h["token_count_or_none"]
-        validate_tag = h["_validate_trace_tag"]
+        validate_tag = self._validate_tag
+        text_of = self._parsed
         exp_int = int(experiment_id)
-        artifact_root = self._artifact_location(experiment_id)
+        artifact_location = self._trace_artifact_location(experiment_id)
         prefix = key.TRACE_TAG_PREFIX
         now = h["now_ms"]()
         state = h["TraceState"]
@@ -306,7 +314,7 @@ class BulkTraceWriter(SqliteWriter):
                 else:
                     sid = "%016x" % span.span_id
                     pid = None if span.parent_span_id is None else "%016x" % span.parent_span_id
-                    stype = _loads(d["attributes"][_SPAN_TYPE])
+                    stype = text_of(d["attributes"][_SPAN_TYPE])
                     status = span.status_code
                     content = _plain_dumps(d)  # only JSON types in it: what TraceJSONEncoder gives
                 attrs = d.get("attributes", {})
@@ -333,14 +341,14 @@ class BulkTraceWriter(SqliteWriter):
                     "content": content,
                     "input_cost": finite(costs.get("input_cost")), "output_cost": finite(costs.get("output_cost")),
                     "total_cost": finite(costs.get("total_cost")),
-                    "model_name": bounded(parse(attrs.get(key.MODEL))),
-                    "model_provider": bounded(parse(attrs.get(key.MODEL_PROVIDER))),
+                    "model_name": bounded(text_of(attrs.get(key.MODEL))),
+                    "model_provider": bounded(text_of(attrs.get(key.MODEL_PROVIDER))),
                 })
                 if pid is None:
                     root_dict = d
                     for k, v in attrs.items():
                         if k.startswith(prefix):
-                            tk, tv = k[len(prefix):], str(parse(v))
+                            tk, tv = k[len(prefix):], str(text_of(v))
                             try:
                                 tk, tv = validate_tag(tk, tv)
                             except Exception:
@@ -372,7 +380,7 @@ class BulkTraceWriter(SqliteWriter):
                 if cost and (v := finite(cost.get(k))) is not None:
                     info[column] = v
             out.tables["trace_info"].append(info)
-            tags = {h["MLFLOW_ARTIFACT_LOCATION"]: h["append_to_uri_path"](artifact_root, "traces", tid, "artifacts"),
+            tags = {h["MLFLOW_ARTIFACT_LOCATION"]: artifact_location(tid),
                     tag_key.SPANS_LOCATION: h["SpansLocation"].TRACKING_STORE.value}
             # (log_spans also stores the OTel resource attributes of the spans as tags: the exporter's
             # MLflow spans have none, see otel_rl_mlflow._traces.SpanBuilder)
@@ -387,6 +395,66 @@ class BulkTraceWriter(SqliteWriter):
             out.tables["entity_associations"].append({
                 "association_id": uuid.uuid4().hex, "source_type": et.TRACE, "source_id": tid,
                 "destination_type": et.RUN, "destination_id": run_id, "created_time": now})
+        return out
+
+    def _trace_artifact_location(self, experiment_id: str) -> Callable[[str], str]:
+        """trace id -> the artifact location MLflow gives a trace of experiment `experiment_id`
+        (``append_to_uri_path(<its artifact location>, "traces", <trace id>, "artifacts")``): MLflow's
+        function called once per experiment with a stand-in id, whose place in the result the real ids
+        take (ids of the writer's own form, ``tr-`` and hex digits, which the function leaves as they
+        are); any other id, or a result without exactly one stand-in, goes to the function itself."""
+        made = self._locations.get(experiment_id)
+        if made is not None:
+            return made
+        append = self.h["append_to_uri_path"]
+        root = self._artifact_location(experiment_id)
+        stand_in = "tr-" + "0" * 32
+        try:
+            head, *tail = append(root, "traces", stand_in, "artifacts").split(stand_in)
+        except Exception:
+            tail = []
+        if len(tail) == 1:
+            end = tail[0]
+
+            def made(tid: str) -> str:
+                if len(tid) == 35 and tid.startswith("tr-") and _HEX.fullmatch(tid, 3):
+                    return head + tid + end
+                return append(root, "traces", tid, "artifacts")
+        else:
+            def made(tid: str) -> str:
+                return append(root, "traces", tid, "artifacts")
+        self._locations[experiment_id] = made
+        return made
+
+    def _parsed(self, value: Any) -> Any:
+        """MLflow's ``_try_parse_json_string(value)``, remembered for the short texts that repeat from span to
+        span (span types, model names, tag values); results that are not plain scalars are not kept."""
+        if type(value) is not str or len(value) > 256:
+            return self.h["_try_parse_json_string"](value)
+        memo = self._parse_memo
+        try:
+            return memo[value]
+        except KeyError:
+            pass
+        out = self.h["_try_parse_json_string"](value)
+        if out is None or type(out) in (str, int, float, bool):
+            if len(memo) >= _MEMO_MAX:
+                memo.clear()
+            memo[value] = out
+        return out
+
+    def _validate_tag(self, key: str, value: str) -> tuple[str, str]:
+        """MLflow's ``_validate_trace_tag(key, value)``, remembered for the tags that repeat from trace to
+        trace (a failure is not kept: it is raised again each time)."""
+        memo = self._tag_memo
+        pair = (key, value)
+        out = memo.get(pair)
+        if out is None:
+            out = self.h["_validate_trace_tag"](key, value)
+            if len(value) <= 256:
+                if len(memo) >= _MEMO_MAX:
+                    memo.clear()
+                memo[pair] = out
         return out
 
     def _content(self, span: Any, translate: Callable[[Any], dict[str, Any]]) -> dict[str, Any] | None:
