@@ -12,7 +12,9 @@ What it writes is derived with MLflow's own functions, the same ones ``log_spans
 ``_get_truncated_preview`` for the request/response previews, MLflow's token-usage and cost
 aggregation, its tag and trace-name validation, the artifact-location tag of the experiment.  A
 span of the exporter's own attributes skips the translation where it was seen to change nothing
-(`BulkTraceWriter._content`).  The spans come as `otel_rl_mlflow._traces.RowSpan`s; MLflow `Span`
+(`BulkTraceWriter._content`); the pure helpers called for every span or trace with values that
+repeat (JSON-text parsing, the tag check) are remembered, and the artifact location is made from one
+call per experiment (`BulkTraceWriter._trace_artifact_location`).  The spans come as `otel_rl_mlflow._traces.RowSpan`s; MLflow `Span`
 objects are made only for MLflow's own calls.
 
 It checks itself against MLflow before it is trusted, on the store it writes to:
