@@ -14,8 +14,8 @@ aggregation, its tag and trace-name validation, the artifact-location tag of the
 span of the exporter's own attributes skips the translation where it was seen to change nothing
 (`BulkTraceWriter._content`); the pure helpers called for every span or trace with values that
 repeat (JSON-text parsing, the tag check) are remembered, and the artifact location is made from one
-call per experiment (`BulkTraceWriter._trace_artifact_location`).  The spans come as `otel_rl_mlflow._traces.RowSpan`s; MLflow `Span`
-objects are made only for MLflow's own calls.
+call per experiment (`BulkTraceWriter._trace_artifact_location`).  The spans come as
+`otel_rl_mlflow._traces.RowSpan`s; MLflow `Span` objects are made only for MLflow's own calls.
 
 It checks itself against MLflow before it is trusted, on the store it writes to:
 
@@ -429,8 +429,8 @@ class BulkTraceWriter(SqliteWriter):
         return made
 
     def _parsed(self, value: Any) -> Any:
-        """MLflow's ``_try_parse_json_string(value)``, remembered for the short texts that repeat from span to
-        span (span types, model names, tag values); results that are not plain scalars are not kept."""
+        """MLflow's ``_try_parse_json_string(value)`` (a text's decoded string, else the value itself),
+        remembered for the short texts that repeat from span to span (span types, model names, tag values)."""
         if type(value) is not str or len(value) > 256:
             return self.h["_try_parse_json_string"](value)
         memo = self._parse_memo
