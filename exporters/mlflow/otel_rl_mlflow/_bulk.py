@@ -138,7 +138,6 @@ class BulkTraceWriter(SqliteWriter):
         self.mismatch: str | None = None
         self.fast_traces = 0  # written here
         self.mlflow_traces = 0  # written by MLflow (probes, re-deliveries, after a mismatch)
-        self._artifact_locations: dict[str, str] = {}
         self._locations: dict[str, Callable[[str], str]] = {}  # experiment id -> `_trace_artifact_location`
         self._parse_memo: dict[str, Any] = {}  # `_parsed`
         self._tag_memo: dict[tuple[str, str], Any] = {}  # `_validate_tag`
@@ -270,12 +269,6 @@ class BulkTraceWriter(SqliteWriter):
         self.mlflow_traces += len(traces)
 
     # -- rows --------------------------------------------------------------------------------
-    def _artifact_location(self, experiment_id: str) -> str:
-        loc = self._artifact_locations.get(experiment_id)
-        if loc is None:
-            loc = self._artifact_locations[experiment_id] = self.store.get_experiment(experiment_id).artifact_location
-        return loc
-
     def _rows(self, experiment_id: str, run_id: str, traces: Sequence[tuple[str, list[Any]]]) -> Rows:
         h = self.h
         out = Rows()
@@ -409,22 +402,19 @@ class BulkTraceWriter(SqliteWriter):
         if made is not None:
             return made
         append = self.h["append_to_uri_path"]
-        root = self._artifact_location(experiment_id)
+        root = self.store.get_experiment(experiment_id).artifact_location
         stand_in = "tr-" + "0" * 32
         try:
-            head, *tail = append(root, "traces", stand_in, "artifacts").split(stand_in)
+            parts = append(root, "traces", stand_in, "artifacts").split(stand_in)
         except Exception:
-            tail = []
-        if len(tail) == 1:
-            end = tail[0]
+            parts = []
+        head, end = (parts[0], parts[1]) if len(parts) == 2 else (None, "")
 
-            def made(tid: str) -> str:
-                if len(tid) == 35 and tid.startswith("tr-") and _HEX.fullmatch(tid, 3):
-                    return head + tid + end
-                return append(root, "traces", tid, "artifacts")
-        else:
-            def made(tid: str) -> str:
-                return append(root, "traces", tid, "artifacts")
+        def made(tid: str) -> str:
+            if head is not None and len(tid) == 35 and tid.startswith("tr-") and _HEX.fullmatch(tid, 3):
+                return head + tid + end
+            return append(root, "traces", tid, "artifacts")
+
         self._locations[experiment_id] = made
         return made
 
@@ -438,11 +428,10 @@ class BulkTraceWriter(SqliteWriter):
             return memo[value]
         except KeyError:
             pass
-        out = self.h["_try_parse_json_string"](value)
-        if out is None or type(out) in (str, int, float, bool):
-            if len(memo) >= _MEMO_MAX:
-                memo.clear()
-            memo[value] = out
+        out = self.h["_try_parse_json_string"](value)  # (a text gives a text)
+        if len(memo) >= _MEMO_MAX:
+            memo.clear()
+        memo[value] = out
         return out
 
     def _validate_tag(self, key: str, value: str) -> tuple[str, str]:
