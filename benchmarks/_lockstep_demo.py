@@ -59,6 +59,9 @@ def _pace(done_fd: int, go_fd: int) -> None:
     # LOCKSTEP_QUIET_GEN=1: the export process (and what it started) is stopped while the trainer's "gen"
     # timer is open and continued when it closes: its work kept out of the rollouts
     quiet_gen = os.environ.get("LOCKSTEP_QUIET_GEN", "") == "1"
+    # LOCKSTEP_ONLY_GEN=1: the reverse: the export process (and what it started) runs only while the trainer's
+    # "gen" timer is open (stopped from its close to the next one's opening; continued after the last step)
+    only_gen = os.environ.get("LOCKSTEP_ONLY_GEN", "") == "1"
     # LOCKSTEP_BURN=F[:P]: a process beside the trainer (in its process group, so paused with it; at the export
     # process's niceness and idle class) running allocation-heavy Python a fraction F of every P seconds (default
     # 0.1) and sleeping the rest: what another process's work on the other core costs the training thread, with
@@ -74,7 +77,7 @@ def _pace(done_fd: int, go_fd: int) -> None:
         _start_waker(wake)
     from otel_rl._runtime import RT
 
-    if hold or quiet_gen:
+    if hold or quiet_gen or only_gen:
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         from bench_telemetry_cpu import _descendants
 
@@ -89,7 +92,7 @@ def _pace(done_fd: int, go_fd: int) -> None:
             except OSError:
                 pass
 
-    if quiet_gen:
+    if quiet_gen or only_gen:
         import contextlib
         import signal
 
@@ -101,13 +104,13 @@ def _pace(done_fd: int, go_fd: int) -> None:
         def quiet_timer(name, *args, **kwargs):
             rollout = name == "gen"
             if rollout:
-                signal_export(signal.SIGSTOP)
+                signal_export(signal.SIGCONT if only_gen else signal.SIGSTOP)
             try:
                 with timer(name, *args, **kwargs) as t:
                     yield t
             finally:
                 if rollout:
-                    signal_export(signal.SIGCONT)
+                    signal_export(signal.SIGSTOP if only_gen else signal.SIGCONT)
 
         otel_rl.timer = quiet_timer
 
@@ -132,7 +135,7 @@ def _pace(done_fd: int, go_fd: int) -> None:
                     raise SystemExit("lockstep: the benchmark went away")
                 if mute in ("1", "start"):
                     RT.handle, RT.tracing = None, False
-                if hold:  # the benchmark's go-ahead continued the whole process group
+                if hold or only_gen:  # the benchmark's go-ahead continued the whole process group
                     import signal
 
                     signal_export(signal.SIGCONT if step + 1 >= self.total_steps else signal.SIGSTOP)

@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/bench_foreground.py                # 100 steps, telemetry fully on
     .venv/bin/python benchmarks/bench_foreground.py --check        # both halves off: the method's reading
     .venv/bin/python benchmarks/bench_foreground.py --steps 200 'actor_rollout_ref.rollout.trace.max_samples_per_step_per_worker=0'
+    .venv/bin/python benchmarks/bench_foreground.py --steps 30 --replay 6     # the rollout again without the model
 
 One ``otel-rl demo`` process with the configuration of ``bench_demo.py``'s "on" variant (console,
 MLflow, JSONL, wandb, SwanLab; trajectories traced to MLflow at 4 samples/step/worker).  Every
@@ -22,6 +23,15 @@ of the cost, free of run-to-run noise; it is also given as a share of the mean t
 (CPU time of the training thread per step without the second rollout).  The rest of the cost
 of telemetry (background threads contending for the GIL, the export process's memory traffic,
 the step and timer spans, ``log()``) is what ``bench_demo.py --lockstep`` adds on top.
+
+With ``--replay K`` each step's rollout is, after it ran (once, as configured), run K more times
+each way with the model's decoding replayed: the policy's sampled tokens of that rollout, batch by
+batch, returned without running the model.  Everything else is as in the rollout (the agent loops,
+the rollout server's batching, the tool, the reward, all of otel-rl's calls), and the trajectories
+are the same; the torch work (~90 % of the rollout's CPU time) is gone, and with it most of the
+run-to-run noise: the instrumentation's CPU time per rollout reads to a few hundredths of a
+millisecond.  Caches are warmer than between the model's batches, so this is a floor of the cost
+in the real rollout, which the default mode measures.
 """
 
 from __future__ import annotations
@@ -43,6 +53,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--check", action="store_true", help="both halves with telemetry off: the method's own reading")
     ap.add_argument("--json", default=None, help="also write the per-step figures here")
+    ap.add_argument("--replay", type=int, default=0, metavar="K",
+                    help="run each rollout K more times each way with the model's decoding replayed (see above)")
     args = ap.parse_args()
     in_process_environment()
 
@@ -73,6 +85,8 @@ def main() -> None:
         def generate_sequences(self, problems, n, sampling_params, step, validate):
             if validate:
                 return super().generate_sequences(problems, n, sampling_params, step, validate)
+            if args.replay:
+                return self._replayed(problems, n, sampling_params, step)
             state = self.server.generator.get_state()
             handle, tracing = RT.handle, RT.tracing
             halves = ("on", "off") if step % 2 else ("off", "on")
@@ -95,8 +109,51 @@ def main() -> None:
             self.extra += cpu["off"]  # the second rollout is not part of the training step
             return outs["on"]
 
+        def _replayed(self, problems, n, sampling_params, step):
+            """The rollout as configured, recording each decoding batch's tokens; then `args.replay` runs
+            each way (which first alternating) with those batches returned in order instead of decoded."""
+            server = self.server
+            decode = server.decode
+            batches: list = []
+
+            def recording(prompts, params):
+                out = decode(prompts, params)
+                batches.append([list(x) for x in out])
+                return out
+
+            server.decode = recording
+            try:
+                outs = super().generate_sequences(problems, n, sampling_params, step, False)
+            finally:
+                del server.decode  # the class's method again
+            want = [(o.response_ids, o.reward_score) for o in outs]
+            handle, tracing = RT.handle, RT.tracing
+            cpu = {"on": [], "off": []}
+            for k in range(args.replay):
+                for half in (("on", "off") if (k + step) % 2 else ("off", "on")):
+                    it = iter(batches)
+                    server.decode = lambda prompts, params: [list(x) for x in next(it)]
+                    if half == "off" or args.check:
+                        RT.handle, RT.tracing = None, False
+                    try:
+                        t0 = time.thread_time()
+                        again = super().generate_sequences(problems, n, sampling_params, step, False)
+                        cpu[half].append(time.thread_time() - t0)
+                    finally:
+                        RT.handle, RT.tracing = handle, tracing
+                        del server.decode
+                    self.trajectories -= len(again)
+                    self.extra += cpu[half][-1]
+                    if [(o.response_ids, o.reward_score) for o in again] != want:
+                        mismatched.append(step)
+            gen[step] = (statistics.median(cpu["on"]), statistics.median(cpu["off"]))
+            return outs
+
     trainer_mod.GRPOTrainer = Paired
     run_in_process(args.seed, args.steps, args.overrides, "bench_foreground_")
+    if args.replay:
+        report_replay(args, gen, steps, mismatched)
+        return
     if mismatched:
         sys.exit(f"the two rollouts of steps {mismatched[:5]} differ: the comparison is void")
     on = sum(a for a, _ in gen.values()) / len(gen)
@@ -117,6 +174,29 @@ def main() -> None:
     if args.json:
         Path(args.json).write_text(json.dumps({"gen": gen, "steps": steps, "gen_ratio": on / off,
                                                "step_share": (on - off) / step_cpu}, indent=1))
+
+
+def report_replay(args, gen: dict, steps: dict, mismatched: list) -> None:
+    if mismatched:
+        sys.exit(f"a replayed rollout of steps {sorted(set(mismatched))[:5]} differs from the rollout: the comparison is void")
+    on = statistics.median(a for a, _ in gen.values())
+    off = statistics.median(b for _, b in gen.values())
+    diffs = [a - b for a, b in gen.values()]
+    q = statistics.quantiles(diffs, n=4)
+    step_cpu = sum(steps.values()) / len(steps)
+    label = "check: both halves off" if args.check else "telemetry fully on vs off"
+    print(f"foreground cost, replayed: {len(gen)} training steps, each rollout replayed {args.replay} times each way "
+          f"without the model ({label}); same trajectories: yes")
+    print(f"{'per step, median (CPU time of the training thread)':<52}{'on':>10}{'off':>10}{'on-off':>9}")
+    print(f"{'  gen replayed (agent loops + otel-rl, no model), ms':<52}{on * 1e3:>10.3f}{off * 1e3:>10.3f}"
+          f"{(on - off) * 1e3:>9.3f}")
+    print(f"{'  on-off per step, median (quartiles), ms':<52}{'':>20}{statistics.median(diffs) * 1e3:>9.3f}"
+          f"  ({q[0] * 1e3:.3f} / {q[2] * 1e3:.3f})")
+    print(f"{'  the training step (one rollout), ms':<52}{step_cpu * 1e3:>10.2f}")
+    print(f"the instrumentation in gen on the training thread, replayed: {statistics.median(diffs) * 1e3:+.3f} ms per "
+          f"step, {statistics.median(diffs) / step_cpu * 100:+.2f}% of a training step")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"gen": gen, "steps": steps, "replay": args.replay}, indent=1))
 
 
 if __name__ == "__main__":
