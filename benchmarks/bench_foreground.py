@@ -41,6 +41,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -131,8 +132,7 @@ def main() -> None:
             cpu = {"on": [], "off": []}
             for k in range(args.replay):
                 for half in (("on", "off") if (k + step) % 2 else ("off", "on")):
-                    it = iter(batches)
-                    server.decode = lambda prompts, params: [list(x) for x in next(it)]
+                    server.decode = _replay(batches)
                     if half == "off" or args.check:
                         RT.handle, RT.tracing = None, False
                     try:
@@ -176,9 +176,24 @@ def main() -> None:
                                                "step_share": (on - off) / step_cpu}, indent=1))
 
 
-def report_replay(args, gen: dict, steps: dict, mismatched: list) -> None:
+def _replay(batches: list) -> Any:
+    """A stand-in for the rollout server's ``decode`` that returns `batches` in order (copies); a rollout
+    that asks for more batches, or for one of another size, fails (every waiting agent loop sees it)."""
+    it = iter(batches)
+
+    def decode(prompts: list, params: list) -> list:
+        out = next(it, None)
+        if out is None or len(out) != len(prompts):
+            raise RuntimeError("the replayed rollout asked for a decoding batch its recording does not have")
+        return [list(x) for x in out]
+
+    return decode
+
+
+def report_replay(args: Any, gen: dict, steps: dict, mismatched: list) -> None:
     if mismatched:
-        sys.exit(f"a replayed rollout of steps {sorted(set(mismatched))[:5]} differs from the rollout: the comparison is void")
+        sys.exit(f"a replayed rollout of steps {sorted(set(mismatched))[:5]} differs from the rollout: "
+                 "the comparison is void")
     on = statistics.median(a for a, _ in gen.values())
     off = statistics.median(b for _, b in gen.values())
     diffs = [a - b for a, b in gen.values()]
