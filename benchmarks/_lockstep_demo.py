@@ -101,7 +101,7 @@ def _pace(done_fd: int, go_fd: int) -> None:
         timer = otel_rl.timer
 
         @contextlib.contextmanager
-        def quiet_timer(name, *args, **kwargs):
+        def signalling_timer(name, *args, **kwargs):
             rollout = name == "gen"
             if rollout:
                 signal_export(signal.SIGCONT if only_gen else signal.SIGSTOP)
@@ -112,7 +112,7 @@ def _pace(done_fd: int, go_fd: int) -> None:
                 if rollout:
                     signal_export(signal.SIGSTOP if only_gen else signal.SIGCONT)
 
-        otel_rl.timer = quiet_timer
+        otel_rl.timer = signalling_timer
 
     class PacedTrainer(base):  # type: ignore[misc, valid-type]
         def __init__(self, cfg, on_step=None):

@@ -89,21 +89,12 @@ def main() -> None:
             if args.replay:
                 return self._replayed(problems, n, sampling_params, step)
             state = self.server.generator.get_state()
-            handle, tracing = RT.handle, RT.tracing
             halves = ("on", "off") if step % 2 else ("off", "on")
             outs, cpu = {}, {}
             for half in halves:
                 self.server.generator.set_state(state)
-                if half == "off" or args.check:
-                    RT.handle, RT.tracing = None, False  # what the decorators and context managers read
-                try:
-                    t0 = time.thread_time()
-                    outs[half] = super().generate_sequences(problems, n, sampling_params, step, validate)
-                    cpu[half] = time.thread_time() - t0
-                finally:
-                    RT.handle, RT.tracing = handle, tracing
-            if [(o.response_ids, o.reward_score) for o in outs["on"]] != \
-                    [(o.response_ids, o.reward_score) for o in outs["off"]]:
+                outs[half], cpu[half] = self._half(half, problems, n, sampling_params, step)
+            if _trajectories(outs["on"]) != _trajectories(outs["off"]):
                 mismatched.append(step)
             gen[step] = (cpu["on"], cpu["off"])
             self.trajectories -= len(outs["off"])
@@ -127,27 +118,35 @@ def main() -> None:
                 outs = super().generate_sequences(problems, n, sampling_params, step, False)
             finally:
                 del server.decode  # the class's method again
-            want = [(o.response_ids, o.reward_score) for o in outs]
-            handle, tracing = RT.handle, RT.tracing
-            cpu = {"on": [], "off": []}
+            want = _trajectories(outs)
+            cpu: dict[str, list[float]] = {"on": [], "off": []}
             for k in range(args.replay):
                 for half in (("on", "off") if (k + step) % 2 else ("off", "on")):
                     server.decode = _replay(batches)
-                    if half == "off" or args.check:
-                        RT.handle, RT.tracing = None, False
                     try:
-                        t0 = time.thread_time()
-                        again = super().generate_sequences(problems, n, sampling_params, step, False)
-                        cpu[half].append(time.thread_time() - t0)
+                        again, seconds = self._half(half, problems, n, sampling_params, step)
                     finally:
-                        RT.handle, RT.tracing = handle, tracing
                         del server.decode
+                    cpu[half].append(seconds)
                     self.trajectories -= len(again)
-                    self.extra += cpu[half][-1]
-                    if [(o.response_ids, o.reward_score) for o in again] != want:
+                    self.extra += seconds
+                    if _trajectories(again) != want:
                         mismatched.append(step)
             gen[step] = (statistics.median(cpu["on"]), statistics.median(cpu["off"]))
             return outs
+
+        def _half(self, half, problems, n, sampling_params, step):
+            """One rollout (not validation), with otel-rl switched off for the "off" half (both with
+            --check): its outputs and the training thread's CPU time for it."""
+            handle, tracing = RT.handle, RT.tracing
+            if half == "off" or args.check:
+                RT.handle, RT.tracing = None, False  # what the decorators and context managers read
+            try:
+                t0 = time.thread_time()
+                outs = super().generate_sequences(problems, n, sampling_params, step, False)
+                return outs, time.thread_time() - t0
+            finally:
+                RT.handle, RT.tracing = handle, tracing
 
     trainer_mod.GRPOTrainer = Paired
     run_in_process(args.seed, args.steps, args.overrides, "bench_foreground_")
@@ -174,6 +173,11 @@ def main() -> None:
     if args.json:
         Path(args.json).write_text(json.dumps({"gen": gen, "steps": steps, "gen_ratio": on / off,
                                                "step_share": (on - off) / step_cpu}, indent=1))
+
+
+def _trajectories(outs: list) -> list[tuple]:
+    """What two rollouts must share to be the same: each trajectory's response and reward."""
+    return [(o.response_ids, o.reward_score) for o in outs]
 
 
 def _replay(batches: list) -> Any:
