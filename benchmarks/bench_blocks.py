@@ -9,7 +9,7 @@ in blocks: ``--block`` steps with telemetry on as configured, then ``--block`` s
 switched off (tracing off, no handle: every decorator, context manager and ``log()`` takes its
 disabled path, as in a run without telemetry), and so on.  The first ``--skip`` steps of each
 block are left out: what telemetry does after the steps that made it (the pipeline's batches
-every 0.2 s, the export process's deliveries gathered over ``export_interval_s``, 1 s) lands
+every ``batch_delay_s``, the export process's deliveries gathered over ``export_interval_s``) lands
 there.  Reported: the training thread's CPU time and the wall time per step, mean and median,
 on against off.
 

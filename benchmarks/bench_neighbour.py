@@ -18,12 +18,16 @@ Workloads:
 - sqlite: the "json" work and sqlite inserts with a commit: the export process's kind of work
 - memory: writes across a 64 MiB buffer (memory bandwidth and the shared cache)
 - dicts:  small dicts made and turned into text (allocation-heavy Python)
+- syscall: the cheapest system call (getppid) in a loop: kernel entries and exits only
+- futex:  two threads of the neighbour waking each other in turn (futex wake-ups, context switches)
+- mmap:   1 MiB mapped, a byte written in each page, unmapped, in a loop (page faults, page-table updates)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import mmap
 import os
 import random
 import sqlite3
@@ -31,10 +35,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 WINDOW_S = 0.5
-WORKLOADS = ("none", "spin", "json", "fsync", "sqlite", "memory", "dicts")
+WORKLOADS = ("none", "spin", "json", "fsync", "sqlite", "memory", "dicts", "syscall", "futex", "mmap")
 
 
 def neighbour(kind: str, workdir: str, duty: float = 0.5, period_s: float = 2 * WINDOW_S, nice: int = 0) -> None:
@@ -61,6 +66,16 @@ def neighbour(kind: str, workdir: str, duty: float = 0.5, period_s: float = 2 * 
     rows = [{f"k{i}": "v" * 50 + str(rnd.random()) for i in range(200)} for _ in range(50)]
     buf = bytearray(64 << 20)
     ones = b"\1" * (len(buf) // 64)
+    ping, pong = threading.Event(), threading.Event()
+    if kind == "futex":
+        def answer() -> None:
+            while True:
+                ping.wait()
+                ping.clear()
+                pong.set()
+
+        threading.Thread(target=answer, daemon=True).start()
+    page_marks = b"\1" * 256
     while os.getppid() == parent:
         now = time.monotonic()
         phase = now % period_s
@@ -84,6 +99,19 @@ def neighbour(kind: str, workdir: str, duty: float = 0.5, period_s: float = 2 * 
             buf[::64] = ones
         elif kind == "dicts":  # small dicts made and turned into text: allocation-heavy Python
             "".join(repr({"name": f"span{i}", "attrs": {"k": str(i) * 3, "v": i * 1.5}}) for i in range(200))
+        elif kind == "syscall":
+            for _ in range(1000):
+                os.getppid()
+        elif kind == "futex":
+            for _ in range(200):
+                ping.set()
+                pong.wait()
+                pong.clear()
+        elif kind == "mmap":
+            for _ in range(20):
+                m = mmap.mmap(-1, 1 << 20)
+                m[::4096] = page_marks
+                m.close()
         # spin: nothing to do but loop
 
 
