@@ -62,13 +62,13 @@ class GRPOTrainer:
         self.tokenizer = ArithTokenizer()
         m = get(cfg, "actor_rollout_ref.model", {})
         max_len = int(get(cfg, "data.max_prompt_length", 8)) + int(get(cfg, "data.max_response_length", 16))
-        self.actor = TinyPolicy(int(m.get("d_model", 64)), int(m.get("n_layers", 2)), int(m.get("n_heads", 4)),
-                                int(m.get("d_ff", 256)), max_len=max_len)
+        self.actor = TinyPolicy(int(m.get("d_model", 128)), int(m.get("n_layers", 2)), int(m.get("n_heads", 4)),
+                                int(m.get("d_ff", 512)), max_len=max_len)
         self.ref: TinyPolicy | None = None  # the reference policy: a frozen copy of the pretrained one
         a = get(cfg, "actor_rollout_ref.actor", {})
         self.a = a
         optim = a.get("optim", {})
-        self.optimizer = torch.optim.AdamW(self.actor.parameters(), lr=float(optim.get("lr", 2e-3)),
+        self.optimizer = torch.optim.AdamW(self.actor.parameters(), lr=float(optim.get("lr", 5e-4)),
                                            weight_decay=float(optim.get("weight_decay", 0.0)))
         warmup = int(optim.get("lr_warmup_steps", 0) or 0)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
