@@ -29,7 +29,7 @@ import torch
 import otel_rl
 
 from .agent_loop import AgentLoop, AgentLoopOutput, RolloutServer
-from .config import get
+from .config import DEFAULT_CONFIG, get
 from .model import TinyPolicy, pad_batch, token_log_probs
 from .task import ArithTokenizer, Dataset, Problem, all_problems, pretraining_sequence
 
@@ -60,16 +60,17 @@ class GRPOTrainer:
         if threads:
             torch.set_num_threads(int(threads))
         self.tokenizer = ArithTokenizer()
-        m = get(cfg, "actor_rollout_ref.model", {})
+        # the policy's size and optimizer: what the config gives, else the demo's defaults (one place for them)
+        m = {**DEFAULT_CONFIG["actor_rollout_ref"]["model"], **get(cfg, "actor_rollout_ref.model", {})}
         max_len = int(get(cfg, "data.max_prompt_length", 8)) + int(get(cfg, "data.max_response_length", 16))
-        self.actor = TinyPolicy(int(m.get("d_model", 128)), int(m.get("n_layers", 2)), int(m.get("n_heads", 4)),
-                                int(m.get("d_ff", 512)), max_len=max_len)
+        self.actor = TinyPolicy(int(m["d_model"]), int(m["n_layers"]), int(m["n_heads"]), int(m["d_ff"]),
+                                max_len=max_len)
         self.ref: TinyPolicy | None = None  # the reference policy: a frozen copy of the pretrained one
         a = get(cfg, "actor_rollout_ref.actor", {})
         self.a = a
-        optim = a.get("optim", {})
-        self.optimizer = torch.optim.AdamW(self.actor.parameters(), lr=float(optim.get("lr", 5e-4)),
-                                           weight_decay=float(optim.get("weight_decay", 0.0)))
+        optim = {**DEFAULT_CONFIG["actor_rollout_ref"]["actor"]["optim"], **a.get("optim", {})}
+        self.optimizer = torch.optim.AdamW(self.actor.parameters(), lr=float(optim["lr"]),
+                                           weight_decay=float(optim["weight_decay"]))
         warmup = int(optim.get("lr_warmup_steps", 0) or 0)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda k: min(1.0, (k + 1) / warmup) if warmup > 0 else 1.0)
