@@ -275,7 +275,7 @@ def lockstep(args: argparse.Namespace, launch: tuple[str, str] = ("on", "off"), 
     by variant (paths of the same length), and their command lines and environments are padded to
     the same size, another one for each pair of repeats (`Paced`).  With the files named after the
     variants ("lockstep-on", "lockstep-off") "on" against "on" read 1.012 in the median of ten runs; named
-    and padded alike, 1.006 (docs/demo-cost.md, "The method checked against itself").
+    and padded alike, 1.006 (benchmarks/results/2026-12-04-demo-cost.md, "The method checked against itself").
     """
     with tempfile.TemporaryDirectory(prefix="bench_demo_lockstep_") as tmp:
         work = Path(tmp)

@@ -97,7 +97,7 @@ def prepare(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, str], s
         ours["spool_dir"] = os.path.join(out, "spool")  # where undelivered tracker data would wait
     if (used & {"mlflow", "wandb", "tracking", "swanlab"} and "export_process_cpus" not in ours
             and not environ.get("OTEL_RL_EXPORT_PROCESS_CPUS") and int(trainer.get("torch_threads") or 0) == 1):
-        # one training thread: the export process keeps to another CPU (docs/demo-cost.md)
+        # one training thread: the export process keeps to another CPU (benchmarks/results/2026-12-04-demo-cost.md)
         ours["export_process_cpus"] = "last"
     if "mlflow" in used and not environ.get("MLFLOW_TRACKING_URI"):
         env["MLFLOW_TRACKING_URI"] = "sqlite:///" + os.path.join(out, "mlruns.db")
@@ -163,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
         # torch is imported only now: the export process starts its trackers (importing their libraries,
         # opening their runs: seconds of CPU time on another core) while this process imports torch and
         # builds the models rather than during the first training steps, and a short run waits less for
-        # it at its end (docs/demo-cost.md)
+        # it at its end (benchmarks/results/2026-12-04-demo-cost.md)
         from .trainer import GRPOTrainer
 
         for e in handle.exporters:

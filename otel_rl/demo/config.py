@@ -61,7 +61,7 @@ DEFAULT_CONFIG: dict[str, Any] = {
         "seed": 0,
         # one torch thread: the demo stands in for a GPU trainer, its loop on one core and the host's other
         # cores free for the rest (the export process); two threads train faster here but leave telemetry
-        # only torch's gaps (docs/demo-cost.md, "One torch thread or two")
+        # only torch's gaps (benchmarks/results/2026-12-04-demo-cost.md, "One torch thread or two")
         "torch_threads": 1,
     },
 }

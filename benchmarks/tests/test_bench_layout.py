@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench_demo import layout_padding  # noqa: E402
 
 _READ = ("import sys; c = open('/proc/self/cmdline', 'rb').read(); e = open('/proc/self/environ', 'rb').read();"
