@@ -21,6 +21,7 @@ from . import semconv as sc
 from ._instruments import Instruments, views
 from ._lightspan import LightTracer, TimeOrderedIds
 from ._pipeline import GenerationsItem, LogItem, Pipeline, make_span_processor
+from ._processors import OtherProcessors, OwnProvider, global_sdk_providers
 from ._runtime import RT, STEP
 from ._sidecar import IN_EXPORT_PROCESS as _IN_EXPORT_PROCESS
 from ._sidecar import SidecarClient
@@ -40,7 +41,8 @@ _init_lock = threading.Lock()
 class Handle:
     """A running otel-rl pipeline.  Use as a context manager or call `shutdown()`."""
 
-    def __init__(self, config: Config, exporters: list[Any], tokenizer: Any = None):
+    def __init__(self, config: Config, exporters: list[Any], tokenizer: Any = None,
+                 global_providers: tuple[Any, Any] = (None, None)):
         self.config = config
         remote_specs = [x[1:] for x in exporters if isinstance(x, tuple)]
         self._sidecar: SidecarClient | None = None
@@ -69,27 +71,25 @@ class Handle:
         self.meter_provider = MeterProvider(resource=self.resource, metric_readers=readers, views=views())
         scope = InstrumentationScope("otel_rl", __version__)
         self._pipeline: Pipeline | None = None
+        glob_tp, glob_mp = global_providers if cfg.feed_global_provider else (None, None)
+        self.others = OtherProcessors(glob_tp)
         # without a metric reader nobody reads the instruments: do not pay for updating them
-        instruments = Instruments(self.meter_provider.get_meter("otel_rl", __version__), self.identity,
-                                  lambda: self._pipeline.queues if self._pipeline else []) if readers else None
+        meters = [self.meter_provider.get_meter("otel_rl", __version__)] if readers else []
+        if glob_mp is not None:
+            meters.append(glob_mp.get_meter("otel_rl", __version__))
+        instruments = Instruments.on(meters, self.identity, lambda: self._pipeline.queues if self._pipeline else [])
         self._pipeline = Pipeline(cfg, self.resource, [e for e in exporters if not getattr(e, "remote", False)],
-                                  instruments, scope, remote=self._sidecar)
-        self.tracer_provider = TracerProvider(resource=self.resource, id_generator=TimeOrderedIds())
-        own = make_span_processor(self._pipeline)
-        self.tracer_provider.add_span_processor(own)
+                                  instruments, scope, remote=self._sidecar, others=self.others)
+        self.tracer_provider = OwnProvider(self.others, self._update_tracing, resource=self.resource,
+                                           id_generator=TimeOrderedIds())
+        TracerProvider.add_span_processor(self.tracer_provider, make_span_processor(self._pipeline, self.others))
         self.tracer = self.tracer_provider.get_tracer("otel_rl", __version__)
-        # step, timer, trajectory and op spans: light spans ending into the provider's span processors, or
-        # straight into the pipeline while nobody added a processor of their own
-        processors = getattr(self.tracer_provider, "_active_span_processor", None)
-        only_own = (own,)
-
-        def direct_ok() -> bool:
-            return getattr(processors, "_span_processors", None) == only_own
-
-        self.light = LightTracer(processors.on_end if processors is not None else self._pipeline.submit,
-                                 self.resource, scope, direct=self._pipeline.submit,
-                                 direct_ok=direct_ok if processors is not None else None,
+        # step, timer, trajectory and op spans: light spans ending into the pipeline, which materialises
+        # them off the training thread (also for the span processors outside otel-rl: _processors)
+        self.light = LightTracer(self._pipeline.submit, self.resource, scope, self.others,
                                  max_chars=cfg.max_value_chars)
+        if self.others.active and not cfg.disabled and cfg.tracing is None:
+            self.tracing = True
         self.sampler = Sampler(cfg.run_id, cfg.max_samples)
         self.tokenizer = tokenizer
         self._emit_run_start()
@@ -129,9 +129,8 @@ class Handle:
 
     def _emit_run_start(self) -> None:
         text, _ = to_json(scrub_secrets(self.config.verl_config), 1 << 20)
-        span = self.tracer.start_span(sc.SPAN_RUN, context=trace_api.set_span_in_context(trace_api.INVALID_SPAN),
-                                      attributes={sc.RL_RUN_CONFIG: text, sc.RL_SPAN_KIND: sc.KIND_METRICS})
-        span.end()
+        span = self.light.start(sc.SPAN_RUN, None, {sc.RL_RUN_CONFIG: text, sc.RL_SPAN_KIND: sc.KIND_METRICS})
+        span.end_as_record()
 
     # -- logging ---------------------------------------------------------------------
     def log(self, data: Any, step: Any = None, *, exporters: Iterable[str] | None = None) -> None:
@@ -264,7 +263,7 @@ class Handle:
         cfg = self.config
         if cfg.disabled or cfg.tracing is not None:
             return
-        self.tracing = any(e.wants_spans or e.wants_trajectories for e in self.exporters)
+        self.tracing = self.others.active or any(e.wants_spans or e.wants_trajectories for e in self.exporters)
         if RT.handle is self:
             RT.tracing = self.tracing
 
@@ -296,6 +295,7 @@ class Handle:
             return True
         deadline = time.monotonic() + timeout_s
         ok = self._pipeline.flush(timeout_s)
+        self.others.force_flush(int(max(0.1, deadline - time.monotonic()) * 1000))
         for e in self.exporters:
             try:
                 e.flush(max(0.1, deadline - time.monotonic()))
@@ -399,7 +399,8 @@ def _maybe_set_global(cfg: Config) -> None:
         return
     if isinstance(current, trace_api.ProxyTracerProvider) or cfg.set_global_provider:
         if not isinstance(current, trace_api.ProxyTracerProvider):
-            _log.warning("otel-rl: a global TracerProvider is already set; otel-rl keeps its own private provider")
+            _log.warning("otel-rl: a global TracerProvider is already set; otel-rl keeps its own provider "
+                         "(and feeds the global one's span processors unless feed_global_provider=false)")
             return
         trace_api.set_tracer_provider(_forwarding)
 
@@ -426,12 +427,15 @@ def init(config: Any = None, *, overrides: Sequence[str] | None = None, tokenize
         elif given:
             kwargs["exporters"] = []
     cfg = resolve(config, overrides, **kwargs)
+    # the user's own OpenTelemetry pipeline: a global SDK provider set before init(), not one that a
+    # tracker library sets while its exporter starts (_processors); never in the export process
+    global_providers = global_sdk_providers() if os.environ.get(_IN_EXPORT_PROCESS) != "1" else (None, None)
     built = _build_exporters(cfg, given)  # raises for unknown names before anything starts
     with _init_lock:
         if RT.handle is not None:
             _log.warning("otel-rl: init() called again; shutting down the previous pipeline")
             RT.handle.shutdown()
-        handle = Handle(cfg, built, tokenizer)
+        handle = Handle(cfg, built, tokenizer, global_providers)
         RT.handle = handle
         RT.tracer = handle.tracer
         RT.light = handle.light

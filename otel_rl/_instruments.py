@@ -44,6 +44,15 @@ def views() -> list[View]:
 
 
 class Instruments:
+    @classmethod
+    def on(cls, meters: Sequence[Any], identity: dict[str, Any], queues_getter: Any) -> Any:
+        """Instruments made on each of `meters` (otel-rl's own provider's, a global one's), updated
+        together; None without a meter (nobody reads them: nothing to pay for)."""
+        made = [cls(m, identity, queues_getter) for m in meters]
+        if len(made) <= 1:
+            return made[0] if made else None
+        return _Together(made)
+
     def __init__(self, meter: Any, identity: dict[str, Any], queues_getter: Any):
         self.meter = meter
         self.identity = identity
@@ -130,3 +139,14 @@ class Instruments:
                 self._tool_calls.add(1, attrs)
                 if span.status.status_code.name == "ERROR":
                     self._tool_errors.add(1, attrs)
+
+
+class _Together:
+    """Instruments on several meter providers, updated from one batch."""
+
+    def __init__(self, parts: list[Instruments]) -> None:
+        self.parts = parts
+
+    def update(self, records: Sequence[Record], spans: Sequence[Any], stats: Sequence[Any]) -> None:
+        for p in self.parts:
+            p.update(records, spans, stats)

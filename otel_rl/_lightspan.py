@@ -7,12 +7,13 @@ pays for what otel-rl does not use there (its sampler — every span under a sam
 trajectory is kept —, locks, bounded attribute containers and a copy into a
 `ReadableSpan` at the end).  `LightSpan` implements the `opentelemetry.trace.Span` API
 (attributes, events, links, status, exceptions recorded as the SDK records them,
-`is_recording`) and, when it ends, hands one SDK `ReadableSpan` to the provider's span
-processors — what every exporter and test already consumes —, or itself straight to
-otel-rl's pipeline when that is the only processor (`LightTracer`).
+`is_recording`) and, when it ends, hands itself to otel-rl's pipeline, whose thread makes it
+the SDK's `ReadableSpan` (`readable`) for the exporters and for any span processor outside
+otel-rl (`otel_rl._processors`), which see its start on the caller's thread.
 
 Attributes set by user code (`annotate`, ``get_current_span().set_attribute``) are
-validated by OpenTelemetry's own rules; otel-rl's own attributes are built valid.
+validated by OpenTelemetry's own rules and kept to its span limits; otel-rl's own
+attributes are built valid and never cut.
 """
 
 from __future__ import annotations
@@ -25,17 +26,22 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from opentelemetry import trace as trace_api
-from opentelemetry.sdk.trace import Event, ReadableSpan
+from opentelemetry.sdk.trace import Event, ReadableSpan, SpanLimits
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from ._context import current_raw, current_span
+from ._values import warn_once
 from .serialize import DEFAULT_MAX_CHARS, materialize
 
 try:  # OpenTelemetry's own attribute check (drops invalid values with a warning)
     from opentelemetry.attributes import _clean_attribute
-except ImportError:  # pragma: no cover - moved in some future API version
+except ImportError:  # its later versions: one check for the value, the key checked here
     _clean_attribute = None
+try:
+    from opentelemetry.attributes import _clean_attribute_value
+except ImportError:  # pragma: no cover - the versions before it have _clean_attribute
+    _clean_attribute_value = None
 
 _log = logging.getLogger("otel_rl")
 _time_ns = time.time_ns
@@ -72,10 +78,13 @@ class TimeOrderedIds(IdGenerator):
         return new_trace_id()
 
 
-def _clean(key: str, value: Any) -> Any:
-    if _clean_attribute is None:
-        return value
-    return _clean_attribute(key, value, None)
+def _clean(key: str, value: Any, max_length: int | None = None) -> Any:
+    if _clean_attribute is not None:
+        return _clean_attribute(key, value, max_length)
+    if not key or not isinstance(key, str):
+        _log.warning("otel-rl: invalid attribute key %r (must be a non-empty string); dropped", key)
+        return None
+    return value if _clean_attribute_value is None else _clean_attribute_value(value, max_length)
 
 
 def _make_context_factory() -> tuple[Callable[[int, int], SpanContext], bool]:
@@ -111,11 +120,10 @@ class LightSpan(trace_api.Span):
     """A recording span that becomes a `ReadableSpan` when it ends (see module doc)."""
 
     __slots__ = ("_name", "_context", "_parent", "_attributes", "_events", "_links", "_status", "_start",
-                 "_end", "_sink", "_resource", "_scope")
+                 "_end", "_tracer")
 
     def __init__(self, name: str, context: SpanContext, parent: SpanContext | None, attributes: dict[str, Any],
-                 links: Sequence[Link] | None, start: int, sink: Callable[[LightSpan], None], resource: Any,
-                 scope: Any):
+                 links: Sequence[Link] | None, start: int, tracer: LightTracer):
         self._name = name
         self._context = context
         self._parent = parent
@@ -125,9 +133,7 @@ class LightSpan(trace_api.Span):
         self._status = _UNSET
         self._start = start
         self._end: int | None = None
-        self._sink = sink
-        self._resource = resource
-        self._scope = scope
+        self._tracer = tracer
 
     # -- the Span API -------------------------------------------------------------------------
     def get_span_context(self) -> SpanContext:
@@ -137,11 +143,20 @@ class LightSpan(trace_api.Span):
         return self._end is None
 
     def set_attribute(self, key: str, value: Any) -> None:
+        # set by user code: OpenTelemetry's span limits apply (OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT, ...), as to
+        # the SDK's spans; otel-rl's own attributes are set at the start and never cut
         if self._end is not None:
             return
-        v = _clean(key, value)
-        if v is not None:
-            self._attributes[key] = v
+        tracer = self._tracer
+        v = _clean(key, value, tracer.max_length)
+        if v is None:
+            return
+        attrs = self._attributes
+        if key not in attrs and tracer.max_attributes is not None and len(attrs) >= tracer.max_attributes:
+            warn_once("span-attribute-limit", "otel-rl: span attribute %r dropped: the span holds %d attributes "
+                      "(OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT)", key, len(attrs))
+            return
+        attrs[key] = v
 
     def set_attributes(self, attributes: Mapping[str, Any]) -> None:
         for k, v in attributes.items():
@@ -152,8 +167,9 @@ class LightSpan(trace_api.Span):
         if self._end is not None:
             return
         clean = {}
+        max_length = self._tracer.max_length
         for k, v in (attributes or {}).items():
-            v = _clean(k, v)
+            v = _clean(k, v, max_length)
             if v is not None:
                 clean[k] = v
         if self._events is None:
@@ -201,50 +217,48 @@ class LightSpan(trace_api.Span):
             return
         self._end = end_time if end_time is not None else _time_ns()
         try:
-            self._sink(self)
-        except Exception:  # pragma: no cover - a span processor failing must not reach the caller
+            self._tracer.submit(self)
+        except Exception:  # pragma: no cover - the pipeline failing must not reach the caller
             _log.exception("otel-rl: span processor failed")
+
+    def end_as_record(self) -> None:
+        """End a span that carries a record (the run start): it reaches the pipeline as the `ReadableSpan`
+        it reads at once, rather than as a light span waiting to be materialised."""
+        if self._end is None:
+            self._end = _time_ns()
+            self._tracer.submit(self.readable(self._tracer.max_chars))
 
     def readable(self, max_chars: int = DEFAULT_MAX_CHARS) -> ReadableSpan:
         """This (ended) span as the SDK's `ReadableSpan` (an op's deferred inputs and output made into
         JSON text of at most `max_chars`, `serialize.materialize`)."""
         return ReadableSpan(
-            name=self._name, context=self._context, parent=self._parent, resource=self._resource,
+            name=self._name, context=self._context, parent=self._parent, resource=self._tracer.resource,
             attributes=materialize(self._attributes, max_chars), events=tuple(self._events) if self._events else (),
             links=tuple(self._links) if self._links else (), kind=_INTERNAL, status=self._status,
-            start_time=self._start, end_time=self._end, instrumentation_scope=self._scope)
+            start_time=self._start, end_time=self._end, instrumentation_scope=self._tracer.scope)
 
     def __repr__(self) -> str:
         return f"LightSpan({self._name!r}, span_id={self._context.span_id:016x})"
 
 
 class LightTracer:
-    """Starts `LightSpan`s for one handle: its resource, scope and span processors.
+    """Starts `LightSpan`s for one handle: its resource and scope.  An ended span goes to `submit`
+    (the pipeline, which materialises it off the training thread); the span processors outside otel-rl
+    (`others`, otel_rl._processors) see each span start here, on the caller's thread, while they exist.
+    User-set attributes keep to OpenTelemetry's span limits, read from the environment as the SDK does."""
 
-    An ended span goes to `sink` as a `ReadableSpan`; or, while `direct_ok()` says that the
-    only span processor is otel-rl's pipeline, to `direct` as the `LightSpan` itself (the
-    pipeline then makes a `ReadableSpan` only for exporters that take spans)."""
+    __slots__ = ("submit", "resource", "scope", "others", "max_chars", "max_length", "max_attributes")
 
-    __slots__ = ("sink", "resource", "scope", "direct", "direct_ok", "max_chars", "_on_end")
-
-    def __init__(self, sink: Callable[[ReadableSpan], None], resource: Any, scope: Any,
-                 direct: Callable[[LightSpan], None] | None = None, direct_ok: Callable[[], bool] | None = None,
-                 max_chars: int = DEFAULT_MAX_CHARS):
-        self.sink = sink
+    def __init__(self, submit: Callable[[Any], None], resource: Any, scope: Any, others: Any = None,
+                 max_chars: int = DEFAULT_MAX_CHARS, limits: SpanLimits | None = None):
+        self.submit = submit
         self.resource = resource
         self.scope = scope
-        self.direct = direct
-        self.direct_ok = direct_ok
-        self.max_chars = max_chars  # of the JSON texts made for `sink` (LightSpan.readable)
-        # one bound method for all the spans (not a new one per span: an object the cyclic GC would
-        # track for as long as the span waits in the pipeline's queue)
-        self._on_end = self._ended
-
-    def _ended(self, span: LightSpan) -> None:
-        if self.direct is not None and self.direct_ok is not None and self.direct_ok():
-            self.direct(span)
-        else:
-            self.sink(span.readable(self.max_chars))
+        self.others = others
+        self.max_chars = max_chars  # of the JSON texts an op's inputs and output become (LightSpan.readable)
+        limits = limits if limits is not None else SpanLimits()
+        self.max_length = limits.max_span_attribute_length
+        self.max_attributes = limits.max_span_attributes
 
     def start(self, name: str, parent: SpanContext | None, attributes: dict[str, Any],
               links: Sequence[Link] | None = None, start_time: int | None = None) -> LightSpan:
@@ -256,7 +270,11 @@ class LightTracer:
         else:
             parent = None
             ctx = _new_context(new_trace_id(start_time), _bits(64) or new_span_id())
-        return LightSpan(name, ctx, parent, attributes, links, start_time, self._on_end, self.resource, self.scope)
+        span = LightSpan(name, ctx, parent, attributes, links, start_time, self)
+        others = self.others
+        if others is not None and others.active:
+            others.on_start(span)
+        return span
 
     def start_in_current(self, name: str, attributes: dict[str, Any]) -> LightSpan:
         """A span under the current span (OpenTelemetry's context), or a new trace's root if there is none."""
@@ -264,5 +282,9 @@ class LightTracer:
         if type(span) is LightSpan:  # the common case (an op inside an op or a trajectory): its own context,
             parent = span._context  # made by `_new_context`, valid
             ctx = _new_context(parent[0] if CONTEXT_IS_TUPLE else parent.trace_id, _bits(64) or new_span_id())
-            return LightSpan(name, ctx, parent, attributes, None, _time_ns(), self._on_end, self.resource, self.scope)
+            light = LightSpan(name, ctx, parent, attributes, None, _time_ns(), self)
+            others = self.others
+            if others is not None and others.active:
+                others.on_start(light)
+            return light
         return self.start(name, current_span().get_span_context(), attributes)

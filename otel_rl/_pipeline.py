@@ -814,8 +814,9 @@ def _make_spool(spool: Any, config: Any, exporter: Any) -> Any:
 
 class Pipeline:
     def __init__(self, config: Any, resource: Any, exporters: Sequence[Any], instruments: Any | None,
-                 scope: InstrumentationScope, remote: Any = None):
+                 scope: InstrumentationScope, remote: Any = None, others: Any = None):
         self.config = config
+        self.others = others  # span processors outside otel-rl (otel_rl._processors), fed from this thread
         self.resource = resource
         self.scope = scope
         self.instruments = instruments
@@ -1059,6 +1060,9 @@ class Pipeline:
             self._handle_spans(spans, stats)
             if routed is not None:
                 self._process(self._builder.build([routed[0]]), [routed[0]], (), routed[1])
+                others = self.others
+                if others is not None and others.active:
+                    others.on_end([routed[0]])
             if added is not None:
                 self.queues = self.queues + [added.queue]  # a new list: flush() may be iterating the old one
             for m in markers:
@@ -1072,7 +1076,9 @@ class Pipeline:
         """Records from the spans of one batch, for the exporters here; the spans themselves, packed, for
         the export process (or the queues that took over from it), which builds its trajectories."""
         ship = self._ship()
-        local = self._local_wants_spans()
+        others = self.others
+        feed = others is not None and others.active
+        local = feed or self._local_wants_spans()
         limit = self.config.max_value_chars
         # spans that are parts of trajectories (not a log() call, a generations table, the run start)
         parts = [s for s in spans if type(s) is LightSpan or not is_record_span(s)]
@@ -1111,6 +1117,8 @@ class Pipeline:
                 out = [with_texts(s, texts[s.context.span_id], limit) if s.context.span_id in texts else s
                        for s in out]
             records = self._builder.build(out)
+            if feed:
+                others.on_end(out)
         else:
             out = [s for s in spans if type(s) is not LightSpan and is_record_span(s)]  # the record spans
             records = self._builder.build(out)
@@ -1318,23 +1326,26 @@ def _as_double(v: Any) -> float:
         return float("inf") if v > 0 else float("-inf")
 
 
-def make_span_processor(pipeline: Pipeline) -> Any:
+def make_span_processor(pipeline: Pipeline, others: Any) -> Any:
     from opentelemetry.sdk.trace import SpanProcessor
 
     class _PipelineSpanProcessor(SpanProcessor):
-        """Hands each ended span to the pipeline (a deque append)."""
+        """Hands each ended span to the pipeline (a deque append); a start to the span processors outside
+        otel-rl (their ends come from the pipeline's thread)."""
 
         def on_start(self, span: Any, parent_context: Any = None) -> None:
-            return None
+            if others.active:
+                others.on_start(span, parent_context)
 
         def on_end(self, span: ReadableSpan) -> None:
             pipeline.submit(span)
 
         def shutdown(self) -> None:
-            return None
+            others.shutdown()
 
         def force_flush(self, timeout_millis: int = 30000) -> bool:
-            return pipeline.flush(timeout_millis / 1000)
+            ok = pipeline.flush(timeout_millis / 1000)
+            return others.force_flush(timeout_millis) and ok
 
     return _PipelineSpanProcessor()
 

@@ -88,6 +88,7 @@ class Config:
     forward_console: bool = True  # the training process's console to the tracker runs in the export process
     export_process_cpus: str | None = None  # Linux: CPUs the child may run on ("last", or a list like "6,7" / "4-7")
     set_global_provider: bool = False
+    feed_global_provider: bool = True  # a global SDK provider set up by the user gets otel-rl's spans and metrics
     disabled: bool = False
     resource_attributes: dict[str, Any] = dataclasses.field(default_factory=dict)
     verl_config: dict[str, Any] = dataclasses.field(default_factory=dict)  # the full config, for run start
@@ -129,6 +130,7 @@ ENV_KEYS: dict[str, str] = {
     "OTEL_RL_EXPORT_PROCESS_IDLE": "export_process_idle",
     "OTEL_RL_FORWARD_CONSOLE": "forward_console",
     "OTEL_RL_EXPORT_PROCESS_CPUS": "export_process_cpus",
+    "OTEL_RL_FEED_GLOBAL_PROVIDER": "feed_global_provider",
     "OTEL_EXPORTER_PROMETHEUS_HOST": "prometheus_host",
     "OTEL_EXPORTER_PROMETHEUS_PORT": "prometheus_port",
 }
@@ -369,7 +371,8 @@ def _as_names(name: str, v: Any) -> tuple[str, ...]:
 
 def _coerce(field: str, v: Any, source: str) -> Any:
     label = f"{field} (from {source})"
-    if field in ("token2text", "set_global_provider", "disabled", "export_process_idle", "forward_console"):
+    if field in ("token2text", "set_global_provider", "feed_global_provider", "disabled", "export_process_idle",
+                 "forward_console"):
         return _as_bool(label, v)
     if field == "tracing":
         return None if v is None else _as_bool(label, v)

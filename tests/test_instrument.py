@@ -27,6 +27,7 @@ import pydantic
 import pytest
 import torch
 from opentelemetry import trace as trace_api
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
@@ -892,15 +893,60 @@ def test_tracing_off_without_span_consumer():
     h = otel_rl.init(exporters=["console"], batch_delay_s=0.05)
     try:
         assert h.tracing is False and RT.tracing is False
-        mem = InMemorySpanExporter()
-        h.tracer_provider.add_span_processor(SimpleSpanProcessor(mem))  # sees every span the SDK ends
         with otel_rl.step(1):
             with otel_rl.timer("gen"):
                 with otel_rl.trajectory(sample_index=0) as t:
                     assert not t.sampled
                     assert _exercise_all_kinds() == EXPECTED_ALL_KINDS
         h.flush()
-        assert mem.get_finished_spans() == ()
+        assert h._pipeline.queues[0].stats.as_dict()["exported"] >= 1  # the step's log line only
+    finally:
+        h.shutdown()
+
+
+class _Seen(SpanProcessor):
+    """A user's span processor: what it saw start (on which thread) and end."""
+
+    def __init__(self) -> None:
+        self.started: list[tuple[str, str]] = []
+        self.ended: list = []
+
+    def on_start(self, span, parent_context=None) -> None:
+        self.started.append((span.name if hasattr(span, "name") else span._name, threading.current_thread().name))
+
+    def on_end(self, span) -> None:
+        self.ended.append(span)
+
+
+def test_a_span_processor_of_the_users_sees_every_span_start_and_end():
+    """Added to otel-rl's provider, a processor turns tracing on and sees every span otel-rl makes: the step,
+    its timer, the trajectory and its ops start on the training thread; each ends as the SDK's
+    `ReadableSpan`, the rl.log span with its exact values too, delivered from the pipeline's thread."""
+    h = otel_rl.init(exporters=["console"], batch_delay_s=0.05)
+    try:
+        seen = _Seen()
+        h.tracer_provider.add_span_processor(seen)
+        assert h.tracing is True and RT.tracing is True
+        with otel_rl.step(1):
+            with otel_rl.timer("gen"):
+                with otel_rl.trajectory(sample_index=0) as t:
+                    assert t.sampled
+                    assert _exercise_all_kinds() == EXPECTED_ALL_KINDS
+            otel_rl.log({"loss": 0.25, "n": 3}, step=1)
+        h.flush()
+        ended = {s.name for s in seen.ended}
+        started = {name for name, _ in seen.started}
+        assert {sc.SPAN_STEP, "gen", sc.SPAN_TRAJECTORY, sc.SPAN_LOG} <= ended
+        assert {sc.SPAN_STEP, "gen", sc.SPAN_TRAJECTORY} <= started
+        ops = [s for s in seen.ended if sc.RL_OP_INPUTS in s.attributes]
+        assert ops and all(isinstance(s, ReadableSpan) for s in seen.ended)
+        assert all(isinstance(s.attributes[sc.RL_OP_INPUTS], str) for s in ops)  # materialised as JSON text
+        main = threading.current_thread().name
+        assert {thread for _, thread in seen.started} == {main}
+        log = next(s for s in seen.ended if s.name == sc.SPAN_LOG and "loss" in s.attributes[sc.RL_METRICS_KEYS])
+        keys = list(log.attributes[sc.RL_METRICS_KEYS])
+        assert log.attributes[sc.RL_METRICS_VALUES][keys.index("loss")] == 0.25
+        assert dict(zip(log.attributes[sc.RL_METRICS_INT_KEYS], log.attributes[sc.RL_METRICS_INT_VALUES])) == {"n": 3}
     finally:
         h.shutdown()
 
@@ -1287,8 +1333,8 @@ def test_token2text_ids_copied_when_the_output_is_not_a_small_plain_copy(case):
 
 
 def test_token2text_with_a_span_processor_of_the_users():
-    """With a span processor of the user's own, op spans reach the pipeline as the SDK's spans, their outputs
-    already JSON text: the ids are read back from that text, for both the user's processor and otel-rl."""
+    """A span processor of the user's own gets the op spans as otel-rl's exporters do: materialised on the
+    pipeline's thread, token2text's texts included."""
     tok = LetterTokenizer()
     mem = InMemorySpanExporter()
     with capture(token2text=True, tokenizer=tok) as cap:
@@ -1300,7 +1346,8 @@ def test_token2text_with_a_span_processor_of_the_users():
         assert output_of(node) == {"prompt_ids": [4, 0], "response_ids": [1, 2], "prompt_text": "ea",
                                    "response_text": "bc"}
         mine = only([s for s in mem.get_finished_spans() if s.name == "Rollout.run"])
-        assert json.loads(mine.attributes[sc.RL_OP_OUTPUT]) == {"prompt_ids": [4, 0], "response_ids": [1, 2]}
+        assert json.loads(mine.attributes[sc.RL_OP_OUTPUT]) == {"prompt_ids": [4, 0], "response_ids": [1, 2],
+                                                                "prompt_text": "ea", "response_text": "bc"}
 
 
 # ----------------------------------------------------------------------------- unsampled trajectories

@@ -92,9 +92,8 @@ def test_op_values_as_bytes_are_unpickled_only_from_light_spans(tmp_path):
     assert t[6] == {"rl.op.inputs": to_json(blob)[0], "rl.op.output": to_json(blob)[0], "other": "kept"}
     assert foreign.attributes["rl.op.inputs"] == blob  # the span itself is left as it is
 
-    direct: list = []  # ended light spans as otel-rl's pipeline gets them (no other span processor)
-    tracer = _lightspan.LightTracer(lambda s: None, Resource.create({}), InstrumentationScope("t", "1"),
-                                    direct=direct.append, direct_ok=lambda: True)
+    direct: list = []  # ended light spans as otel-rl's pipeline gets them
+    tracer = _lightspan.LightTracer(direct.append, Resource.create({}), InstrumentationScope("t", "1"))
     own = tracer.start("op", None, {"rl.op.inputs": snapshot({"ids": [1, 2]})[0]})
     own._attributes["rl.op.output"] = snapshot([3])[0]
     own.end()
