@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 
+import pytest
+
 import otel_rl
 from otel_rl.exporters.tracker import TrackerExporter
 from otel_rl.records import StepMetrics
@@ -392,3 +394,48 @@ def test_console_and_jsonl_lines_are_gathered_and_flushed(tmp_path, capsys):
         assert [x["step"] for x in lines] == [1, 2, 3]
     finally:
         h.shutdown(10)
+
+
+_DISK_FULL_CHILD = r"""
+import os, resource, signal, sys
+import otel_rl
+path, limit = sys.argv[1], int(sys.argv[2])
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG, as ENOSPC would
+soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+h = otel_rl.init(exporters=["file"], jsonl_path=path, batch_delay_s=0.01, export_interval_s=0.05)
+resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))  # the disk is full after `limit` bytes
+for s in range(1000):
+    otel_rl.log({"loss": s / 7, "reward/mean": float(s), "note": s * 3}, step=s)
+    if s % 100 == 99:
+        h.flush(0.5)  # deliveries fail part-way and are retried
+with open(path, "rb") as f:
+    data = f.read()
+full = len(data) if data.endswith(b"\n") else -1  # whole lines only, also while the disk is full
+resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))  # space again
+ok = h.flush(30)
+h.shutdown(10)
+print(full, ok, h.stats()["exporters"]["file"]["failed_attempts"])
+"""
+
+
+@pytest.mark.slow
+def test_jsonl_on_a_full_disk_writes_whole_lines_once_and_resumes(tmp_path):
+    """A file-size limit (RLIMIT_FSIZE) stands in for a full disk: writes stop part-way through a line.
+    The file never holds a torn line, and once there is space again every step is there exactly once,
+    in order."""
+    import json
+    import subprocess
+    import sys
+
+    path = tmp_path / "m.jsonl"
+    limit = 20_011  # not on a line boundary
+    res = subprocess.run([sys.executable, "-c", _DISK_FULL_CHILD, str(path), str(limit)], capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    full, ok, failed = res.stdout.split()[-3:]
+    assert ok == "True" and int(failed) > 0  # it did hit the limit and retried
+    assert 0 < int(full) <= limit
+    raw = path.read_bytes()
+    assert raw.endswith(b"\n")
+    steps = [json.loads(line)["step"] for line in raw.splitlines()]  # every line whole JSON
+    assert steps == list(range(1000))
