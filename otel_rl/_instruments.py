@@ -72,7 +72,7 @@ class Instruments:
         for q in self._queues_getter():
             for outcome, value in (("exported", q.stats.exported), ("failed", q.stats.failed_attempts),
                                    ("dropped", q.stats.dropped), ("retried", q.stats.retried),
-                                   ("spooled", q.stats.spooled)):
+                                   ("spooled", q.stats.spooled), ("rejected", q.stats.rejected)):
                 out.append(Observation(value, {sc.EXPORTER: q.name, sc.OUTCOME: outcome, **self.identity}))
         return out
 

@@ -38,6 +38,7 @@ from . import semconv as sc
 from ._lightspan import LightSpan, TimeOrderedIds
 from ._values import warn_once
 from ._wire import pack, unpack
+from .exporters.base import DATA_ERRORS, is_data_error
 from .records import Record, RecordBuilder, Trajectory, is_record_span
 from .serialize import DEFAULT_MAX_CHARS, materialize
 
@@ -102,7 +103,7 @@ class _Marker:
 
 class ExporterStats:
     __slots__ = ("exported", "failed_attempts", "dropped", "retried", "queued", "in_memory", "spooled",
-                 "spool_pending", "spool_bytes", "replayed", "corrupt_frames")
+                 "spool_pending", "spool_bytes", "replayed", "corrupt_frames", "rejected")
 
     def __init__(self) -> None:
         self.exported = 0  # items delivered (records + spans)
@@ -116,6 +117,7 @@ class ExporterStats:
         self.spool_bytes = 0  # bytes of the spool's segment files
         self.replayed = 0  # items delivered from the spool (cumulative; part of `exported`)
         self.corrupt_frames = 0  # spool regions skipped as corrupt (checksum, torn tail, unreadable)
+        self.rejected = 0  # records (or a step's points) the tracker refused as bad data, each alone
 
     def as_dict(self) -> dict[str, int]:
         return {k: getattr(self, k) for k in self.__slots__}
@@ -125,7 +127,7 @@ class ExporterStats:
 # with one of them POISON_MAX_ATTEMPTS times in a row is dropped (counted, logged) so it cannot
 # block everything behind it.  Any other error (OSError, ConnectionError, a tracker's own
 # exception) is retried with backoff for as long as the process runs.
-POISON_ERRORS = (ValueError, TypeError, KeyError, AttributeError, IndexError, RecursionError, NotImplementedError)
+POISON_ERRORS = DATA_ERRORS
 POISON_MAX_ATTEMPTS = 3
 
 
@@ -208,6 +210,7 @@ class DeliveryQueue:
         self._cache: dict[tuple[int, int], _Entry] = {}  # write-through: frames still in memory
         self._cache_items = 0
         self._spool = _make_spool(spool, config, exporter)
+        self._inner = getattr(exporter, "inner", exporter)  # the bridge's wrapper: the exporter it delivers to
         self._write_through = bool(self._spool is not None and self._spool.options.write_through)
         self._recovering = self._spool is not None  # until the thread has looked at what an earlier run left
         self._thread = threading.Thread(target=self._run, name=f"otel-rl-export-{self.name}", daemon=True)
@@ -410,6 +413,7 @@ class DeliveryQueue:
         st.spool_bytes = sp.bytes if sp is not None and sp.opened else 0
         st.corrupt_frames = (sp.corrupt_frames if sp is not None else 0) + self._undecodable
         st.dropped = self._dropped + (sp.dropped_items if sp is not None else 0)
+        st.rejected = getattr(self._inner, "rejected", 0)
 
     def _idle(self) -> bool:
         sp = self._spool
@@ -436,7 +440,8 @@ class DeliveryQueue:
                 warn_once(f"export-fail:{self.name}:{type(exc).__name__}",
                           "otel-rl: exporter %r failed (%s: %s); the batch is kept and retried",
                           self.name, type(exc).__name__, exc)
-                poison_attempts = poison_attempts + 1 if isinstance(exc, POISON_ERRORS) else 0
+                poison = is_data_error(exc)
+                poison_attempts = poison_attempts + 1 if poison else 0
                 if poison_attempts >= POISON_MAX_ATTEMPTS and e.parts and e.frame is None:
                     # a gathered batch: find the bad one among the batches it was made of
                     self._split(e)
@@ -449,7 +454,7 @@ class DeliveryQueue:
                     self._finish(e, delivered=False)
                     poison_attempts = attempt = 0
                     continue
-                if not isinstance(exc, POISON_ERRORS):
+                if not poison:
                     self._failing = True
                 if self._stop:  # shutting down: keep what is left in the spool, or give up (counted)
                     self._give_up()

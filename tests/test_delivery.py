@@ -439,3 +439,80 @@ def test_jsonl_on_a_full_disk_writes_whole_lines_once_and_resumes(tmp_path):
     assert raw.endswith(b"\n")
     steps = [json.loads(line)["step"] for line in raw.splitlines()]  # every line whole JSON
     assert steps == list(range(1000))
+
+
+# -- bad data: isolated to its own record ----------------------------------------------------------
+
+def test_log_refuses_a_step_outside_int64_with_one_warning_and_keeps_the_rest(caplog):
+    from otel_rl.testing import CaptureExporter
+
+    cap = CaptureExporter()
+    h = otel_rl.init(exporters=[cap], batch_delay_s=0.02)
+    try:
+        with caplog.at_level(logging.WARNING, logger="otel_rl"):
+            otel_rl.log({"loss": 1.0}, step=1)
+            otel_rl.log({"loss": 2.0}, step=2**63)
+            otel_rl.log({"loss": 2.5}, step=2**63)  # the same step again: no second warning
+            otel_rl.log_generations([("q", "a", 1.0)], step=-(2**63) - 1)
+            otel_rl.log({"loss": 3.0}, step=2**63 - 1)  # the int64 bounds themselves are steps
+            otel_rl.log({"loss": 4.0}, step=-(2**63))
+            otel_rl.log({"loss": 5.0})  # the current step is still the last good one
+        assert h.flush(10)
+    finally:
+        h.shutdown(5)
+    got = [(r.step, r.values) for r in cap.records if isinstance(r, StepMetrics)]
+    assert got == [(1, {"loss": 1.0}), (2**63 - 1, {"loss": 3.0}), (-(2**63), {"loss": 4.0}),
+                   (-(2**63), {"loss": 5.0})]
+    assert not [r for r in cap.records if type(r).__name__ == "Generations"]
+    warned = [r.getMessage() for r in caplog.records if "64-bit" in r.getMessage()]
+    assert len(warned) == 2 and str(2**63) in warned[0] and str(-(2**63) - 1) in warned[1]
+
+
+class PointRefusingTracker(TrackerExporter):
+    """A tracker whose store refuses any point whose value is 13.0 (a data error), but only when it
+    is written (the write of a whole batch fails)."""
+
+    tracker_name = "refusing"
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.points: list[tuple[int, str, float]] = []
+        self.calls = 0
+
+    def open_run(self, run, start):
+        return run
+
+    def write_metrics(self, handle, metrics):
+        self.calls += 1
+        if any(v == 13.0 for m in metrics for v in m.values.values()):
+            raise ValueError("value 13 cannot be stored")
+        self.points.extend((m.step, k, v) for m in metrics for k, v in m.values.items())
+
+
+def test_a_tracker_rejects_only_the_point_it_refuses_and_delivers_the_rest(caplog):
+    """Bisecting a refused write finds the bad record among 200; of that step only the refused key is
+    rejected, with one warning naming key and step; the other keys and steps are all delivered, and
+    the data error is not retried."""
+    from otel_rl._pipeline import DeliveryQueue
+    from otel_rl.config import resolve
+    from otel_rl.records import RunIdentity
+
+    run = RunIdentity("p", "e", "r")
+    exp = PointRefusingTracker(resolve(env={}))
+    exp.name = "refusing"
+    records = [StepMetrics(run, s, {"a": float(s), "b": -float(s)}, s) for s in range(200)]
+    q = DeliveryQueue(exp, 10_000, gather_s=0.0)
+    try:
+        with caplog.at_level(logging.WARNING, logger="otel_rl"):
+            q.put([], records)
+            assert q.wait_idle(10)
+        stats = q.stats.as_dict()
+    finally:
+        q.stop(5)
+    want = sorted((s, k, v) for s in range(200) for k, v in (("a", float(s)), ("b", -float(s))) if v != 13.0)
+    assert sorted(exp.points) == want  # each once
+    assert stats["rejected"] == 1 and stats["exported"] == 200 and stats["failed_attempts"] == 0
+    assert exp.calls < 40  # halves, not one call per record
+    (msg,) = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    assert "metric 'a' at step 13" in msg
+
