@@ -300,7 +300,11 @@ class Handle:
     # -- lifecycle ---------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
         p = self._pipeline
+        ovf = p._overflow if p else None
         return {"pipeline_dropped": p.dropped if p else 0,
+                "shed": dict(p.shed) if p else {},  # spans dropped by a full queue, per kind (records never are)
+                "records_spilled": ovf.spilled if ovf is not None else 0,  # records beyond queue_size, via disk
+                "records_waited": p.waited if p else 0,  # log() calls that waited for room
                 "exporters": {q.name: q.stats.as_dict() for q in (p.queues if p else [])}}
 
     def flush(self, timeout_s: float = 30.0) -> bool:

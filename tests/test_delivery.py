@@ -516,3 +516,91 @@ def test_a_tracker_rejects_only_the_point_it_refuses_and_delivers_the_rest(caplo
     (msg,) = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
     assert "metric 'a' at step 13" in msg
 
+
+# -- overload: records are never dropped in memory, spans may be shed --------------------------------
+
+def _burst(h, threads: int, per: int) -> None:
+    import threading
+
+    def loop(t: int) -> None:
+        for i in range(per):
+            otel_rl.log({"loss": i / 3, "thread": t}, step=t * per + i)
+
+    ts = [threading.Thread(target=loop, args=(t,)) for t in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+
+
+def _jsonl_steps(path) -> list[int]:
+    import json
+
+    return [json.loads(line)["step"] for line in path.read_bytes().splitlines()]
+
+
+@pytest.mark.parametrize("policy", [None, "wait"], ids=["spill-by-default", "wait"])
+def test_a_burst_of_log_calls_beyond_the_queue_is_stored_whole_and_in_order(tmp_path, policy):
+    """Four tight loops log 20x the queue's bound: every record reaches the JSONL file once, each loop's
+    in its order; with `spill` the excess went through the spill file, with `wait` the callers waited."""
+    threads, per = 4, 5000
+    path = tmp_path / "m.jsonl"
+    kw = {} if policy is None else {"record_overflow": policy}
+    h = otel_rl.init(exporters=["file"], jsonl_path=str(path), queue_size=1000, spool_dir=str(tmp_path / "spool"),
+                     batch_delay_s=0.05, **kw)
+    try:
+        _burst(h, threads, per)
+        assert h.flush(120)
+        stats = h.stats()
+    finally:
+        h.shutdown(30)
+    steps = _jsonl_steps(path)
+    assert sorted(steps) == list(range(threads * per))  # all of them, once
+    for t in range(threads):
+        mine = [s for s in steps if s // per == t]
+        assert mine == sorted(mine)
+    assert stats["pipeline_dropped"] == 0 and stats["exporters"]["file"]["dropped"] == 0
+    if policy is None:
+        assert stats["records_spilled"] > 0
+    else:
+        assert stats["records_waited"] > 0 and stats["records_spilled"] == 0
+    assert not [p for p in (tmp_path / "spool").rglob("*") if p.is_file()]  # the spill file went with it
+
+
+def test_under_overload_only_spans_are_shed_counted_per_kind_in_stats_and_metrics(tmp_path):
+    """Steps with timers in a tight loop overflow a small queue: step and timer spans are shed (counted
+    by kind in stats() and in otel_rl.exporter.items{exporter=pipeline,outcome=shed}); every step's
+    log() and timing record is kept."""
+    from otel_rl import semconv as sc
+    from otel_rl.testing import CaptureExporter
+
+    cap = CaptureExporter()
+    h = otel_rl.init(exporters=[cap], queue_size=500, spool_dir=str(tmp_path / "spool"), batch_delay_s=0.05)
+    n = 6000
+    try:
+        for s in range(n):
+            with otel_rl.step(s):
+                with otel_rl.timer("gen"):
+                    pass
+                otel_rl.log({"loss": s / 2}, step=s)
+        assert h.flush(120)
+        stats = h.stats()
+    finally:
+        h.shutdown(30)
+    metrics = [r for r in cap.records if isinstance(r, StepMetrics)]
+    losses = sorted(r.step for r in metrics if "loss" in r.values)
+    timed = sorted(r.step for r in metrics if "timing_s/gen" in r.values)
+    assert losses == list(range(n)) and timed == list(range(n))
+    shed = stats["shed"]
+    assert shed and set(shed) <= {sc.KIND_STEP, sc.KIND_TIMER} and sum(shed.values()) == stats["pipeline_dropped"]
+    assert len([s for s in cap.spans if s.name != sc.SPAN_LOG and s.name != "rl.run"]) + sum(shed.values()) == 2 * n
+    points = {}
+    for rm in cap.metric_reader.get_metrics_data().resource_metrics:
+        for sm in rm.scope_metrics:
+            for m in sm.metrics:
+                if m.name == sc.METRIC_EXPORT_ITEMS:
+                    for p in m.data.data_points:
+                        a = p.attributes
+                        if a.get(sc.EXPORTER) == sc.PIPELINE and a.get(sc.OUTCOME) == "shed":
+                            points[a[sc.RL_SPAN_KIND]] = p.value
+    assert points == shed
