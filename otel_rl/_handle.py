@@ -33,6 +33,8 @@ from .sampling import Sampler
 from .serialize import to_json
 
 _log = logging.getLogger("otel_rl")
+#: steps are signed 64-bit integers in every tracker (and in OTLP): -2**63 <= step < 2**63
+_STEP_LIMIT = 1 << 63
 __version__ = "0.1.0"
 _atexit_registered = False
 _init_lock = threading.Lock()
@@ -138,14 +140,18 @@ class Handle:
 
         Never raises for bad values: non-scalars are skipped with one warning per
         key; a step that is not an integer is replaced by the current step (or
-        the last one logged) with a warning.  `exporters` (names) restricts the
-        record to those exporters, as verl's ``Tracking.log(..., backend=...)``.
+        the last one logged) with a warning; a step outside the signed 64-bit
+        range (which no tracker stores) rejects the call, with a warning naming
+        it.  `exporters` (names) restricts the record to those exporters, as
+        verl's ``Tracking.log(..., backend=...)``.
         """
         if self._closed:
             warn_once("log-after-shutdown", "otel-rl: log() after shutdown; nothing recorded")
             return
         st = STEP.get()
         n = self._coerce_step(step, st)
+        if n is None:
+            return
         try:
             values, skipped = coerce_metrics(data)
         except TypeError as exc:
@@ -160,7 +166,7 @@ class Handle:
         self._pipeline.submit(LogItem(n, values, time.time_ns(), st.span_context if st is not None else None,
                                       None if exporters is None else frozenset(exporters)))
 
-    def _coerce_step(self, step: Any, st: Any) -> int:
+    def _coerce_step(self, step: Any, st: Any) -> int | None:
         if step is None:
             n = st.n if st is not None else self._last_step
         else:
@@ -173,6 +179,10 @@ class Handle:
                 warn_once(f"bad-step:{type(step).__name__}", "otel-rl: step %r is not an integer; using step %d",
                           step, fallback)
                 n = fallback
+        if not -_STEP_LIMIT <= n < _STEP_LIMIT:  # what every tracker stores a step as: a signed 64-bit int
+            warn_once(f"step-range:{n}", "otel-rl: step %d is outside the signed 64-bit range trackers store; "
+                      "nothing recorded at it", n)
+            return None
         self._last_step = n
         return n
 
@@ -184,6 +194,8 @@ class Handle:
         if self._closed:
             return
         n = self._coerce_step(step, STEP.get())
+        if n is None:
+            return
         if limit is None and self.config.log_val_generations > 0:
             limit = self.config.log_val_generations
         rows = []
@@ -287,7 +299,11 @@ class Handle:
     # -- lifecycle ---------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
         p = self._pipeline
+        ovf = p._overflow if p else None
         return {"pipeline_dropped": p.dropped if p else 0,
+                "shed": dict(p.shed) if p else {},  # spans dropped by a full queue, per kind (records never are)
+                "records_spilled": ovf.spilled if ovf is not None else 0,  # records beyond queue_size, via disk
+                "records_waited": p.waited if p else 0,  # log() calls that waited for room
                 "exporters": {q.name: q.stats.as_dict() for q in (p.queues if p else [])}}
 
     def flush(self, timeout_s: float = 30.0) -> bool:

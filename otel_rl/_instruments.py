@@ -69,6 +69,7 @@ class Instruments:
         self._gen_duration = meter.create_histogram(sc.METRIC_GEN_AI_OPERATION_DURATION, unit="s",
                                                     description="Generation wall time (traced)")
         self._queues_getter = queues_getter
+        self.pipeline: Any = None  # set by the Pipeline these instruments belong to
         meter.create_observable_counter(sc.METRIC_EXPORT_ITEMS, callbacks=[self._observe_items], unit="{item}",
                                         description="Items handled by each exporter, by outcome")
         meter.create_observable_gauge(sc.METRIC_EXPORT_QUEUED, callbacks=[self._observe_queued], unit="{item}",
@@ -81,8 +82,17 @@ class Instruments:
         for q in self._queues_getter():
             for outcome, value in (("exported", q.stats.exported), ("failed", q.stats.failed_attempts),
                                    ("dropped", q.stats.dropped), ("retried", q.stats.retried),
-                                   ("spooled", q.stats.spooled)):
+                                   ("spooled", q.stats.spooled), ("rejected", q.stats.rejected),
+                                   ("shed", q.stats.shed)):
                 out.append(Observation(value, {sc.EXPORTER: q.name, sc.OUTCOME: outcome, **self.identity}))
+        p = self.pipeline
+        if p is not None:  # the pipeline's queue, before the exporters': spans shed per kind, records spilled
+            for kind, value in list(p.shed.items()):
+                out.append(Observation(value, {sc.EXPORTER: sc.PIPELINE, sc.OUTCOME: "shed", sc.RL_SPAN_KIND: kind,
+                                               **self.identity}))
+            ovf = p._overflow
+            out.append(Observation(ovf.spilled if ovf is not None else 0,
+                                   {sc.EXPORTER: sc.PIPELINE, sc.OUTCOME: "spilled", **self.identity}))
         return out
 
     def _observe_queued(self, options: CallbackOptions) -> list[Observation]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import random
 import threading
 import time
@@ -38,6 +39,7 @@ from . import semconv as sc
 from ._lightspan import LightSpan, TimeOrderedIds
 from ._values import warn_once
 from ._wire import pack, unpack
+from .exporters.base import DATA_ERRORS, is_data_error
 from .records import Record, RecordBuilder, Trajectory, is_record_span
 from .serialize import DEFAULT_MAX_CHARS, materialize
 
@@ -48,6 +50,8 @@ _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _REOPEN_S = 0.05
 #: while the worker leaves batches queued for open rollouts, it looks in this often (not woken by their end)
 _LOOK_S = 0.05
+#: while records come from the overflow, the queue gives this many items between two of its chunks
+_QUEUE_TURN = 4096
 
 
 class LogItem:
@@ -94,15 +98,24 @@ class _AddQueue:
 
 
 class _Marker:
-    __slots__ = ("event",)
+    # seq: records put into the pipeline's overflow before this flush request (delivered before it is done)
+    __slots__ = ("event", "seq")
 
-    def __init__(self) -> None:
+    def __init__(self, seq: int = 0) -> None:
         self.event = threading.Event()
+        self.seq = seq
+
+
+class _OverflowStart:
+    """Queued after the last item that came before the overflow's first record: from here on the worker
+    takes the overflow's records (older ones are all taken)."""
+
+    __slots__ = ()
 
 
 class ExporterStats:
     __slots__ = ("exported", "failed_attempts", "dropped", "retried", "queued", "in_memory", "spooled",
-                 "spool_pending", "spool_bytes", "replayed", "corrupt_frames")
+                 "spool_pending", "spool_bytes", "replayed", "corrupt_frames", "rejected", "shed")
 
     def __init__(self) -> None:
         self.exported = 0  # items delivered (records + spans)
@@ -116,6 +129,8 @@ class ExporterStats:
         self.spool_bytes = 0  # bytes of the spool's segment files
         self.replayed = 0  # items delivered from the spool (cumulative; part of `exported`)
         self.corrupt_frames = 0  # spool regions skipped as corrupt (checksum, torn tail, unreadable)
+        self.rejected = 0  # records (or a step's points) the tracker refused as bad data, each alone
+        self.shed = 0  # spans dropped from a memory queue over its bound (part of `dropped`; records never are)
 
     def as_dict(self) -> dict[str, int]:
         return {k: getattr(self, k) for k in self.__slots__}
@@ -125,7 +140,7 @@ class ExporterStats:
 # with one of them POISON_MAX_ATTEMPTS times in a row is dropped (counted, logged) so it cannot
 # block everything behind it.  Any other error (OSError, ConnectionError, a tracker's own
 # exception) is retried with backoff for as long as the process runs.
-POISON_ERRORS = (ValueError, TypeError, KeyError, AttributeError, IndexError, RecursionError, NotImplementedError)
+POISON_ERRORS = DATA_ERRORS
 POISON_MAX_ATTEMPTS = 3
 
 
@@ -200,6 +215,7 @@ class DeliveryQueue:
         self._failing = False  # the last attempt failed with a delivery (not a data) error
         self._spilling = 0
         self._dropped = 0  # dropped here (the spool counts its own cap drops)
+        self._stalled_at = -1  # `exported` when wait_room gave up waiting for this exporter
         self._undecodable = 0
         self._spool_retry_at = 0.0
         self._drop_logged_at = 0.0
@@ -208,6 +224,7 @@ class DeliveryQueue:
         self._cache: dict[tuple[int, int], _Entry] = {}  # write-through: frames still in memory
         self._cache_items = 0
         self._spool = _make_spool(spool, config, exporter)
+        self._inner = getattr(exporter, "inner", exporter)  # the bridge's wrapper: the exporter it delivers to
         self._write_through = bool(self._spool is not None and self._spool.options.write_through)
         self._recovering = self._spool is not None  # until the thread has looked at what an earlier run left
         self._thread = threading.Thread(target=self._run, name=f"otel-rl-export-{self.name}", daemon=True)
@@ -268,13 +285,49 @@ class DeliveryQueue:
             return None
 
     def _drop_overflow(self) -> None:
-        """Memory over its bound and no usable spool: drop the oldest batches (counted).  Under _cond."""
-        while self._mem_items > self._max_items and len(self._mem) > 1:
-            old = self._mem.popleft()
-            self._mem_items -= old.n
-            self._dropped += old.n
-            _log.warning("otel-rl: exporter %r is behind; dropped its oldest %d items (queue limit %d)",
-                         self.name, old.n, self._max_items)
+        """Memory over its bound and no usable spool: shed the spans of the oldest batches (counted).
+        Records are never dropped here: the pipeline waits for room instead (`wait_room`).  Under _cond."""
+        if self._mem_items <= self._max_items or len(self._mem) <= 1:
+            return
+        shed = 0
+        for e in list(self._mem)[:-1]:  # (the newest batch is kept whole)
+            if e.spans and not e.spans_done:
+                n = len(e.spans)
+                e.spans = []
+                e.n -= n
+                self._mem_items -= n
+                shed += n
+                if not e.n:
+                    self._mem.remove(e)
+                if self._mem_items <= self._max_items:
+                    break
+        if shed:
+            self._dropped += shed
+            self.stats.shed += shed
+            _log.warning("otel-rl: exporter %r is behind; shed the %d spans of its oldest batches (queue limit %d; "
+                         "records are kept)", self.name, shed, self._max_items)
+
+    def wait_room(self, stall_s: float = 10.0) -> None:
+        """The pipeline worker, after a `put`: while the memory queue holds more than its bound (records,
+        which are never dropped, with no spool to take them), wait for the exporter to deliver, so that
+        the pipeline's own queue fills and spills instead.  Not longer than `stall_s` without a delivery
+        (an exporter stuck in a call: the records stay in memory, with a warning)."""
+        with self._cond:
+            if self._mem_items <= self._max_items or self._stop or self._stalled_at == self.stats.exported:
+                return  # (stalled: not waited for again until it delivers something)
+            seen = self.stats.exported
+            until = time.monotonic() + stall_s
+            while self._mem_items > self._max_items and not self._stop:
+                now = time.monotonic()
+                if self.stats.exported != seen:
+                    seen, until = self.stats.exported, now + stall_s
+                elif now >= until:
+                    self._stalled_at = seen
+                    warn_once(f"queue-stalled:{self.name}", "otel-rl: exporter %r delivered nothing for %.0f s with "
+                              "%d items queued in memory; its records are kept there", self.name, stall_s,
+                              self._mem_items)
+                    return
+                self._cond.wait(min(0.05, until - now))
 
     def _spill(self, sync: bool = False) -> bool:
         """Write the memory queue (and the batch in flight, when it is only in memory) to the spool,
@@ -410,6 +463,7 @@ class DeliveryQueue:
         st.spool_bytes = sp.bytes if sp is not None and sp.opened else 0
         st.corrupt_frames = (sp.corrupt_frames if sp is not None else 0) + self._undecodable
         st.dropped = self._dropped + (sp.dropped_items if sp is not None else 0)
+        st.rejected = getattr(self._inner, "rejected", 0)
 
     def _idle(self) -> bool:
         sp = self._spool
@@ -436,7 +490,8 @@ class DeliveryQueue:
                 warn_once(f"export-fail:{self.name}:{type(exc).__name__}",
                           "otel-rl: exporter %r failed (%s: %s); the batch is kept and retried",
                           self.name, type(exc).__name__, exc)
-                poison_attempts = poison_attempts + 1 if isinstance(exc, POISON_ERRORS) else 0
+                poison = is_data_error(exc)
+                poison_attempts = poison_attempts + 1 if poison else 0
                 if poison_attempts >= POISON_MAX_ATTEMPTS and e.parts and e.frame is None:
                     # a gathered batch: find the bad one among the batches it was made of
                     self._split(e)
@@ -449,7 +504,7 @@ class DeliveryQueue:
                     self._finish(e, delivered=False)
                     poison_attempts = attempt = 0
                     continue
-                if not isinstance(exc, POISON_ERRORS):
+                if not poison:
                     self._failing = True
                 if self._stop:  # shutting down: keep what is left in the spool, or give up (counted)
                     self._give_up()
@@ -796,6 +851,19 @@ _SYNC_INTERVAL_S = 1.0
 _GATHER_MAX_ITEMS = 20_000  # a gathered delivery holds at most this many items (spans + records)
 
 
+def _make_overflow(config: Any) -> Any:
+    """The spill file for records beyond `queue_size`, in the spool directory (None with the spool off)."""
+    from ._overflow import Overflow
+    from .spool import OFF_VALUES, default_root, safe_name
+
+    raw = getattr(config, "spool_dir", None)
+    if isinstance(raw, str) and raw.strip().lower() in OFF_VALUES:
+        return None
+    if raw:
+        return Overflow(os.path.abspath(os.path.expanduser(raw)))
+    return Overflow(os.path.join(default_root(), safe_name(str(getattr(config, "run_id", "") or "run"))))
+
+
 def _make_spool(spool: Any, config: Any, exporter: Any) -> Any:
     if spool is None and config is None:
         return None
@@ -852,6 +920,18 @@ class Pipeline:
         self._urgent_lock = threading.Lock()
         self._urgent = 0  # flush requests and added exporters queued: no deferral until they are taken
         self.deferrals = 0  # how often the worker looked in and left its batches queued for open rollouts
+        # records that did not fit in `_items` (record_overflow, docs/delivery.md), and spans shed by kind
+        self.record_overflow = str(getattr(config, "record_overflow", "spill") or "spill")
+        self._overflow = _make_overflow(config) if self.record_overflow == "spill" else None
+        self._ovf_items: deque = deque()  # records taken from the overflow, for the worker
+        self._ovf_ready = False  # the worker has taken every item queued before the overflow's first record
+        self._queue_turn = 0  # items the queue may give before the overflow's next chunk
+        self._ovf_done = 0  # records of the overflow the worker has handled
+        self._held: list[_Marker] = []  # flush requests waiting for overflow records put before them
+        self.shed: dict[str, int] = {}
+        if instruments is not None:
+            instruments.pipeline = self  # the pipeline's own counts (shed spans, spilled records)
+        self.waited = 0  # log() calls that waited for room (record_overflow=wait, or no spill file)
         self._worker = threading.Thread(target=self._run, name="otel-rl-pipeline", daemon=True)
         self._worker.start()
 
@@ -882,15 +962,63 @@ class Pipeline:
 
     def submit(self, item: Any) -> None:
         items = self._items
-        if len(items) >= self._max_items:
-            self.dropped += 1
-            warn_once("pipeline-full", "otel-rl: telemetry queue full (%d items); dropping new items, counted in stats()",
-                      self._max_items)
+        t = type(item)
+        if t is LogItem or t is GenerationsItem:
+            ovf = self._overflow
+            if len(items) >= self._max_items or (ovf is not None and ovf.count):
+                # a record: never dropped (while the overflow holds any, later ones follow them there)
+                self._overflow_record(item)
+                return
+        elif len(items) >= self._max_items:
+            if self._kind(item) == sc.KIND_METRICS:
+                self._wait_for_room(item)  # a record as a span (the bridge's rl.log spans): kept too
+            else:
+                self._shed(item)
             return
         items.append(item)
         n = len(items)
         if n == self._batch_wake or n == self._defer_max_items:
             self._wake.set()
+
+    @staticmethod
+    def _kind(item: Any) -> str:
+        if type(item) is TrajectoryStat:
+            return "trajectory_stat"
+        attrs = getattr(item, "_attributes", None) if type(item) is LightSpan else getattr(item, "attributes", None)
+        return str((attrs or {}).get(sc.RL_SPAN_KIND) or "other")
+
+    def _shed(self, item: Any) -> None:
+        """The queue is full: a span (or a trajectory's statistics) is dropped, counted by its kind."""
+        kind = self._kind(item)
+        self.shed[kind] = self.shed.get(kind, 0) + 1
+        self.dropped += 1
+        warn_once("pipeline-full", "otel-rl: telemetry queue full (%d items); shedding spans (counted per kind in "
+                  "stats()['shed']); log() records are kept (record_overflow=%s)", self._max_items, self.record_overflow)
+
+    def _overflow_record(self, item: Any) -> None:
+        ovf = self._overflow
+        if ovf is not None:
+            if type(item) is LogItem:
+                rec = (0, item.step, item.values, item.time_ns, item.parent, item.only)
+            else:
+                rec = (1, item.step, item.rows, item.time_ns, None, item.only)
+            kept = ovf.put(rec)
+            if kept:
+                if kept == 2:
+                    self._items.append(_OverflowStart())  # (one item past the bound)
+                    self._wake.set()
+                return
+        # record_overflow=wait, or the spill file cannot be written: wait for room, in order
+        self._wait_for_room(item)
+
+    def _wait_for_room(self, item: Any) -> None:
+        self.waited += 1
+        self._wake.set()
+        items = self._items
+        ovf = self._overflow
+        while (len(items) >= self._max_items or (ovf is not None and ovf.count)) and self._worker.is_alive():
+            time.sleep(0.001)
+        items.append(item)
 
     def on_span_end(self, span: ReadableSpan) -> None:
         self.submit(span)
@@ -904,7 +1032,8 @@ class Pipeline:
 
     def _handed_over(self, deadline: float) -> bool:
         """Everything submitted before this call is in the exporters' queues (the worker got there)."""
-        marker = _Marker()
+        ovf = self._overflow
+        marker = _Marker(ovf.put_total if ovf is not None else 0)
         self._hurry()
         self._items.append(marker)
         self._wake.set()
@@ -1016,25 +1145,63 @@ class Pipeline:
                     remote.ship_console()
             except Exception:  # never let the worker die
                 _log.exception("otel-rl: pipeline worker error")
-            if self._stopping and not self._items:
+            if self._stopping and not self._items and not self._overflow_left():
                 try:
                     self._process(self._builder.flush_partial(), [])
                     if self._takeover is not None:
                         self._takeover.flush_partial()
                 except Exception:
                     _log.exception("otel-rl: pipeline worker error at shutdown")
+                if self._overflow is not None:
+                    self._overflow.close()
                 return
 
+    def _overflow_left(self) -> bool:
+        ovf = self._overflow
+        return bool(self._ovf_items or self._held or (ovf is not None and ovf.count))
+
+    def _next_item(self) -> Any:
+        """The next item for the worker: the overflow's records (once everything queued before the first
+        of them is taken) one chunk at a time, alternating with the queue; None when both are empty."""
+        if self._ovf_items:
+            return self._ovf_items.popleft()
+        ovf = self._overflow
+        if self._ovf_ready and ovf is not None and ovf.count and (self._queue_turn <= 0 or not self._items):
+            self._queue_turn = _QUEUE_TURN  # then the queue's turn (a flush request must not wait behind a stream)
+            try:
+                recs, empty = ovf.take()
+            except Exception:  # pragma: no cover - an unreadable spill file
+                _log.exception("otel-rl: the record spill file cannot be read")
+                recs, empty = [], True
+            if empty:
+                self._ovf_ready = False  # the next overflow starts with its own _OverflowStart
+            self._ovf_items.extend(recs)
+            if self._ovf_items:
+                return self._ovf_items.popleft()
+        if self._items:
+            self._queue_turn -= 1
+            return self._items.popleft()
+        return None
+
     def _drain(self) -> None:
-        while self._items:
+        while self._items or self._overflow_left():
             spans: list = []
             stats: list = []
             markers: list = []
             routed: tuple | None = None  # (span, exporter names) of an item for some exporters only
             added: _AddQueue | None = None
-            items = self._items
-            while items and len(spans) < 4096:
-                item = items.popleft()
+            empty = False
+            while len(spans) < 4096:
+                item = self._next_item()
+                if item is None:
+                    empty = True
+                    break
+                if type(item) is tuple:  # a record from the overflow
+                    self._ovf_done += 1
+                    if item[0] == 0:
+                        item = LogItem(item[1], item[2], item[3], item[4], item[5])
+                    else:
+                        item = GenerationsItem(item[1], item[2], item[3], item[5])
                 if type(item) is LightSpan or isinstance(item, ReadableSpan):
                     spans.append(item)
                 elif isinstance(item, LogItem):
@@ -1057,6 +1224,8 @@ class Pipeline:
                     added = item
                     self._hurried()
                     break  # what came before is not for the new exporter
+                elif type(item) is _OverflowStart:
+                    self._ovf_ready = True
             self._handle_spans(spans, stats)
             if routed is not None:
                 self._process(self._builder.build([routed[0]]), [routed[0]], (), routed[1])
@@ -1065,8 +1234,16 @@ class Pipeline:
                     others.on_end([routed[0]])
             if added is not None:
                 self.queues = self.queues + [added.queue]  # a new list: flush() may be iterating the old one
-            for m in markers:
-                m.event.set()
+            self._held.extend(markers)
+            if self._held:
+                # a flush request is done once the overflow records put before it are handled too
+                left = [m for m in self._held if m.seq > self._ovf_done]
+                for m in self._held:
+                    if m.seq <= self._ovf_done:
+                        m.event.set()
+                self._held = left
+            if empty and not self._items and not self._ovf_items and not (self._ovf_ready and self._overflow_left()):
+                break  # (records waiting for their _OverflowStart, or flushes for them, come at the next look)
 
     def _hurried(self) -> None:
         with self._urgent_lock:
@@ -1215,6 +1392,8 @@ class Pipeline:
             exp = q.exporter
             recs = records_for(exp, records) if exp.wants_records or exp.wants_trajectories else []
             q.put(list(spans) if exp.wants_spans else [], recs)
+            if recs:
+                q.wait_room()  # records are not dropped: a queue over its bound holds the pipeline back
 
     def _new_context(self, parent: SpanContext | None) -> SpanContext:
         trace_id = parent.trace_id if parent is not None else self._ids.generate_trace_id()

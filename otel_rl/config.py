@@ -75,6 +75,7 @@ class Config:
     batch_delay_s: float = 0.5  # the pipeline takes what was submitted this often (or at 512 items)
     export_interval_s: float = 1.0  # gathering exporters (trackers, console, JSONL): one delivery per interval
     queue_size: int = 100_000
+    record_overflow: str = "spill"  # log() records beyond queue_size: spill (to a file) | wait (the caller waits)
     rollout_defer_s: float = 5.0  # while trajectories are open, the pipeline leaves its batches for up to this long
     # durable delivery (docs/delivery.md): the on-disk spool behind each exporter's queue
     spool_dir: str | None = None  # None: ~/.cache/otel-rl/spool/<run id>; "off": no spool
@@ -119,6 +120,7 @@ ENV_KEYS: dict[str, str] = {
     "OTEL_RL_BATCH_DELAY_S": "batch_delay_s",
     "OTEL_RL_EXPORT_INTERVAL_S": "export_interval_s",
     "OTEL_RL_QUEUE_SIZE": "queue_size",
+    "OTEL_RL_RECORD_OVERFLOW": "record_overflow",
     "OTEL_RL_ROLLOUT_DEFER_S": "rollout_defer_s",
     "OTEL_RL_SPOOL_DIR": "spool_dir",
     "OTEL_RL_SPOOL_MAX_BYTES": "spool_max_bytes",
@@ -385,6 +387,11 @@ def _coerce(field: str, v: Any, source: str) -> Any:
             s = "drop_" + s
         if s not in choices:
             raise ConfigError(f"{label}: expected one of {', '.join(choices)}, got {v!r}")
+        return s
+    if field == "record_overflow":
+        s = str(v).strip().lower()
+        if s not in ("spill", "wait"):
+            raise ConfigError(f"{label}: expected spill or wait, got {v!r}")
         return s
     if field == "export_process":
         s = str(v).strip().lower()

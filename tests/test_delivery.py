@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 
+import pytest
+
 import otel_rl
 from otel_rl.exporters.tracker import TrackerExporter
 from otel_rl.records import StepMetrics
@@ -392,3 +394,213 @@ def test_console_and_jsonl_lines_are_gathered_and_flushed(tmp_path, capsys):
         assert [x["step"] for x in lines] == [1, 2, 3]
     finally:
         h.shutdown(10)
+
+
+_DISK_FULL_CHILD = r"""
+import os, resource, signal, sys
+import otel_rl
+path, limit = sys.argv[1], int(sys.argv[2])
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG, as ENOSPC would
+soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+h = otel_rl.init(exporters=["file"], jsonl_path=path, batch_delay_s=0.01, export_interval_s=0.05)
+resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))  # the disk is full after `limit` bytes
+for s in range(1000):
+    otel_rl.log({"loss": s / 7, "reward/mean": float(s), "note": s * 3}, step=s)
+    if s % 100 == 99:
+        h.flush(0.5)  # deliveries fail part-way and are retried
+with open(path, "rb") as f:
+    data = f.read()
+full = len(data) if data.endswith(b"\n") else -1  # whole lines only, also while the disk is full
+resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))  # space again
+ok = h.flush(30)
+h.shutdown(10)
+print(full, ok, h.stats()["exporters"]["file"]["failed_attempts"])
+"""
+
+
+@pytest.mark.slow
+def test_jsonl_on_a_full_disk_writes_whole_lines_once_and_resumes(tmp_path):
+    """A file-size limit (RLIMIT_FSIZE) stands in for a full disk: writes stop part-way through a line.
+    The file never holds a torn line, and once there is space again every step is there exactly once,
+    in order."""
+    import json
+    import subprocess
+    import sys
+
+    path = tmp_path / "m.jsonl"
+    limit = 20_011  # not on a line boundary
+    res = subprocess.run([sys.executable, "-c", _DISK_FULL_CHILD, str(path), str(limit)], capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    full, ok, failed = res.stdout.split()[-3:]
+    assert ok == "True" and int(failed) > 0  # it did hit the limit and retried
+    assert 0 < int(full) <= limit
+    raw = path.read_bytes()
+    assert raw.endswith(b"\n")
+    steps = [json.loads(line)["step"] for line in raw.splitlines()]  # every line whole JSON
+    assert steps == list(range(1000))
+
+
+# -- bad data: isolated to its own record ----------------------------------------------------------
+
+def test_log_refuses_a_step_outside_int64_with_one_warning_and_keeps_the_rest(caplog):
+    from otel_rl.testing import CaptureExporter
+
+    cap = CaptureExporter()
+    h = otel_rl.init(exporters=[cap], batch_delay_s=0.02)
+    try:
+        with caplog.at_level(logging.WARNING, logger="otel_rl"):
+            otel_rl.log({"loss": 1.0}, step=1)
+            otel_rl.log({"loss": 2.0}, step=2**63)
+            otel_rl.log({"loss": 2.5}, step=2**63)  # the same step again: no second warning
+            otel_rl.log_generations([("q", "a", 1.0)], step=-(2**63) - 1)
+            otel_rl.log({"loss": 3.0}, step=2**63 - 1)  # the int64 bounds themselves are steps
+            otel_rl.log({"loss": 4.0}, step=-(2**63))
+            otel_rl.log({"loss": 5.0})  # the current step is still the last good one
+        assert h.flush(10)
+    finally:
+        h.shutdown(5)
+    got = [(r.step, r.values) for r in cap.records if isinstance(r, StepMetrics)]
+    assert got == [(1, {"loss": 1.0}), (2**63 - 1, {"loss": 3.0}), (-(2**63), {"loss": 4.0}),
+                   (-(2**63), {"loss": 5.0})]
+    assert not [r for r in cap.records if type(r).__name__ == "Generations"]
+    warned = [r.getMessage() for r in caplog.records if "64-bit" in r.getMessage()]
+    assert len(warned) == 2 and str(2**63) in warned[0] and str(-(2**63) - 1) in warned[1]
+
+
+class PointRefusingTracker(TrackerExporter):
+    """A tracker whose store refuses any point whose value is 13.0 (a data error), but only when it
+    is written (the write of a whole batch fails)."""
+
+    tracker_name = "refusing"
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.points: list[tuple[int, str, float]] = []
+        self.calls = 0
+
+    def open_run(self, run, start):
+        return run
+
+    def write_metrics(self, handle, metrics):
+        self.calls += 1
+        if any(v == 13.0 for m in metrics for v in m.values.values()):
+            raise ValueError("value 13 cannot be stored")
+        self.points.extend((m.step, k, v) for m in metrics for k, v in m.values.items())
+
+
+def test_a_tracker_rejects_only_the_point_it_refuses_and_delivers_the_rest(caplog):
+    """Bisecting a refused write finds the bad record among 200; of that step only the refused key is
+    rejected, with one warning naming key and step; the other keys and steps are all delivered, and
+    the data error is not retried."""
+    from otel_rl._pipeline import DeliveryQueue
+    from otel_rl.config import resolve
+    from otel_rl.records import RunIdentity
+
+    run = RunIdentity("p", "e", "r")
+    exp = PointRefusingTracker(resolve(env={}))
+    exp.name = "refusing"
+    records = [StepMetrics(run, s, {"a": float(s), "b": -float(s)}, s) for s in range(200)]
+    q = DeliveryQueue(exp, 10_000, gather_s=0.0)
+    try:
+        with caplog.at_level(logging.WARNING, logger="otel_rl"):
+            q.put([], records)
+            assert q.wait_idle(10)
+        stats = q.stats.as_dict()
+    finally:
+        q.stop(5)
+    want = sorted((s, k, v) for s in range(200) for k, v in (("a", float(s)), ("b", -float(s))) if v != 13.0)
+    assert sorted(exp.points) == want  # each once
+    assert stats["rejected"] == 1 and stats["exported"] == 200 and stats["failed_attempts"] == 0
+    assert exp.calls < 40  # halves, not one call per record
+    (msg,) = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    assert "metric 'a' at step 13" in msg
+
+
+# -- overload: records are never dropped in memory, spans may be shed --------------------------------
+
+def _burst(h, threads: int, per: int) -> None:
+    import threading
+
+    def loop(t: int) -> None:
+        for i in range(per):
+            otel_rl.log({"loss": i / 3, "thread": t}, step=t * per + i)
+
+    ts = [threading.Thread(target=loop, args=(t,)) for t in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+
+
+def _jsonl_steps(path) -> list[int]:
+    import json
+
+    return [json.loads(line)["step"] for line in path.read_bytes().splitlines()]
+
+
+@pytest.mark.parametrize("policy", [None, "wait"], ids=["spill-by-default", "wait"])
+def test_a_burst_of_log_calls_beyond_the_queue_is_stored_whole_and_in_order(tmp_path, policy):
+    """Four tight loops log 20x the queue's bound: every record reaches the JSONL file once, each loop's
+    in its order; with `spill` the excess went through the spill file, with `wait` the callers waited."""
+    threads, per = 4, 5000
+    path = tmp_path / "m.jsonl"
+    kw = {} if policy is None else {"record_overflow": policy}
+    h = otel_rl.init(exporters=["file"], jsonl_path=str(path), queue_size=1000, spool_dir=str(tmp_path / "spool"),
+                     batch_delay_s=0.05, **kw)
+    try:
+        _burst(h, threads, per)
+        assert h.flush(120)
+        stats = h.stats()
+    finally:
+        h.shutdown(30)
+    steps = _jsonl_steps(path)
+    assert sorted(steps) == list(range(threads * per))  # all of them, once
+    for t in range(threads):
+        mine = [s for s in steps if s // per == t]
+        assert mine == sorted(mine)
+    assert stats["pipeline_dropped"] == 0 and stats["exporters"]["file"]["dropped"] == 0
+    if policy is None:
+        assert stats["records_spilled"] > 0
+    else:
+        assert stats["records_waited"] > 0 and stats["records_spilled"] == 0
+    assert not [p for p in (tmp_path / "spool").rglob("*") if p.is_file()]  # the spill file went with it
+
+
+def test_under_overload_only_spans_are_shed_counted_per_kind_in_stats_and_metrics(tmp_path):
+    """Steps with timers in a tight loop overflow a small queue: step and timer spans are shed (counted
+    by kind in stats() and in otel_rl.exporter.items{exporter=pipeline,outcome=shed}); every step's
+    log() and timing record is kept."""
+    from otel_rl import semconv as sc
+    from otel_rl.testing import CaptureExporter
+
+    cap = CaptureExporter()
+    h = otel_rl.init(exporters=[cap], queue_size=500, spool_dir=str(tmp_path / "spool"), batch_delay_s=0.05)
+    n = 6000
+    try:
+        for s in range(n):
+            with otel_rl.step(s):
+                with otel_rl.timer("gen"):
+                    pass
+                otel_rl.log({"loss": s / 2}, step=s)
+        assert h.flush(120)
+        stats = h.stats()
+    finally:
+        h.shutdown(30)
+    metrics = [r for r in cap.records if isinstance(r, StepMetrics)]
+    losses = sorted(r.step for r in metrics if "loss" in r.values)
+    timed = sorted(r.step for r in metrics if "timing_s/gen" in r.values)
+    assert losses == list(range(n)) and timed == list(range(n))
+    shed = stats["shed"]
+    assert shed and set(shed) <= {sc.KIND_STEP, sc.KIND_TIMER} and sum(shed.values()) == stats["pipeline_dropped"]
+    assert len([s for s in cap.spans if s.name != sc.SPAN_LOG and s.name != "rl.run"]) + sum(shed.values()) == 2 * n
+    points = {}
+    for rm in cap.metric_reader.get_metrics_data().resource_metrics:
+        for sm in rm.scope_metrics:
+            for m in sm.metrics:
+                if m.name == sc.METRIC_EXPORT_ITEMS:
+                    for p in m.data.data_points:
+                        a = p.attributes
+                        if a.get(sc.EXPORTER) == sc.PIPELINE and a.get(sc.OUTCOME) == "shed":
+                            points[a[sc.RL_SPAN_KIND]] = p.value
+    assert points == shed

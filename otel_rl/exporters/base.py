@@ -16,7 +16,11 @@ An exporter says what it consumes:
 Both export methods run on the exporter's own delivery thread, in batches,
 never on the training thread.  Raising from them means "not delivered": the
 batch is kept and retried with backoff, the failure counted and logged once
-per kind.  They must not retain the list objects they are given.
+per kind.  They must not retain the list objects they are given.  An error
+that says the *data* is wrong (`is_data_error`: ``ValueError``, ``TypeError``,
+``OverflowError``, ... or a tracker error caused by one) will be the same at
+every attempt: the tracker exporters then find the records it is about and
+reject only those (docs/delivery.md).
 """
 
 from __future__ import annotations
@@ -26,7 +30,27 @@ from typing import Any
 
 from .._values import warn_once  # re-exported: exporters log a problem once per kind with it
 
-__all__ = ["Exporter", "warn_once"]
+__all__ = ["DATA_ERRORS", "Exporter", "is_data_error", "warn_once"]
+
+#: errors that say "this data is wrong", not "the tracker is unreachable"
+DATA_ERRORS = (ValueError, TypeError, KeyError, AttributeError, IndexError, RecursionError, NotImplementedError,
+               OverflowError)
+
+
+def is_data_error(exc: BaseException) -> bool:
+    """Whether `exc` says the data is wrong (retrying the same data cannot help): one of `DATA_ERRORS`,
+    or an error raised while handling an ``OverflowError`` (MLflow's store wraps sqlite's "Python int
+    too large to convert to SQLite INTEGER" in its own exception)."""
+    if isinstance(exc, DATA_ERRORS):
+        return True
+    cause = exc.__cause__ or exc.__context__
+    for _ in range(8):
+        if cause is None:
+            return False
+        if isinstance(cause, OverflowError):
+            return True
+        cause = cause.__cause__ or cause.__context__
+    return False
 
 
 class Exporter:

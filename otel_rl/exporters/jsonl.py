@@ -12,6 +12,10 @@ back).
 Path: config ``jsonl_path`` (``OTEL_RL_JSONL_PATH``) > ``VERL_FILE_LOGGER_PATH``
 > ``$VERL_FILE_LOGGER_ROOT/<project>/<experiment>.jsonl`` (root default ``.``).
 The file is appended to, so a restarted run continues it.
+
+Whole lines or nothing: a write that fails part-way (disk full, a file-size limit) is cut back to
+the end of the last whole line it wrote, and the retry of the same batch resumes with the first line
+that is not in the file, so no line is torn and none is written twice.
 """
 
 from __future__ import annotations
@@ -96,18 +100,64 @@ class JsonlExporter(Exporter):
         parent = os.path.dirname(self.path)
         if parent:
             os.makedirs(parent, exist_ok=True)
-        self._fp = open(self.path, "ab")
+        # unbuffered: every byte that reaches the file is accounted for by `_write_lines`
+        self._fp = open(self.path, "ab", buffering=0)
+        self._batch: Any = None  # the batch whose write failed part-way (a retry gets the same list)
+        self._lines_done = 0  # ... how many of its lines are in the file
+        self._torn = b""  # the start of a line the file could not be cut back from: finished first
         print(f"Creating file logger at {os.path.abspath(self.path)}", flush=True)  # as verl prints it
 
     def export_records(self, records: Sequence[Any]) -> None:
-        chunks = [encode_line(r.step, r.values) for r in records if isinstance(r, StepMetrics)]
-        if chunks:
-            self._fp.write(b"".join(chunks))
-            self._fp.flush()
+        lines = [encode_line(r.step, r.values) for r in records if isinstance(r, StepMetrics)]
+        if records is not self._batch:  # a new batch (the one that failed part-way was given up)
+            self._batch, self._lines_done = records, 0
+            if self._torn:
+                self._cut_torn()
+        self._write_lines(lines[self._lines_done:])
+        self._batch, self._lines_done = None, 0
+
+    def _write_lines(self, lines: list[bytes]) -> None:
+        """Append `lines`.  On an error the file ends after the last whole line written (counted in
+        `_lines_done`, where the retry of the batch starts) and the error goes to the queue."""
+        fd = self._fp.fileno()
+        torn = self._torn  # the start of lines[0], already in the file
+        data = memoryview(b"".join(lines))[len(torn):]
+        start = os.fstat(fd).st_size - len(torn)  # where `lines` begin in the file
+        pos = 0
+        try:
+            while pos < len(data):
+                pos += os.write(fd, data[pos:])
+        except OSError:
+            done = len(torn) + pos  # bytes of `lines` in the file
+            whole = n = 0
+            while n < len(lines) and whole + len(lines[n]) <= done:
+                whole += len(lines[n])
+                n += 1
+            self._lines_done += n
+            self._torn = lines[n][:done - whole] if n < len(lines) else b""
+            self._cut_torn(start + whole)
+            raise
+        self._torn = b""
+
+    def _cut_torn(self, size: int | None = None) -> None:
+        """Cut a torn line off the end of the file (`size`: where it starts).  Where the file cannot be
+        truncated, the torn start is kept in `_torn` and the retry finishes that line first."""
+        if not self._torn:
+            return
+        fd = self._fp.fileno()
+        try:
+            os.ftruncate(fd, os.fstat(fd).st_size - len(self._torn) if size is None else size)
+            self._torn = b""
+        except OSError:
+            if self._batch is None or size is None:  # the line it began will not come again: end it
+                try:
+                    os.write(fd, b"\n")
+                    self._torn = b""
+                except OSError:
+                    pass
 
     def flush(self, timeout_s: float = 10.0) -> None:
-        if not self._fp.closed:
-            self._fp.flush()
+        return None  # nothing is buffered
 
     def shutdown(self) -> None:
         if not self._fp.closed:

@@ -9,19 +9,32 @@ needs the same way:
   first record; the config of a later `RunStart` is handed to `update_config`);
 - splits the records by type and calls `write_metrics`, `write_generations`,
   `write_trajectories` once per run per batch;
-- makes a retried batch idempotent: parts of a batch already written are not
-  written again when the batch is retried after a failure of a later part.
+- makes a retried batch idempotent: records of a batch already written are not
+  written again when the batch is retried after a failure of a later part;
+- isolates bad data: a write that fails with a data error (`is_data_error`) is
+  split in halves until the records it is about are alone, and only those are
+  rejected (a step's metrics point by point: the other keys of the step go
+  through), each with one warning naming it; everything else is delivered.
+  Any other error (the tracker is down) goes to the queue, which retries.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
 from ..records import Generations, RunIdentity, RunStart, StepMetrics, Trajectory
-from .base import Exporter
+from .base import Exporter, is_data_error
+
+_log = logging.getLogger("otel_rl")
+#: rejected records logged one by one up to this many per exporter, then one line per this many more
+REJECTS_LOGGED = 20
+#: every tracker stores a step as a signed 64-bit int
+STEP_LIMIT = 1 << 63
 
 
 class TrackerExporter(Exporter):
@@ -53,11 +66,13 @@ class TrackerExporter(Exporter):
     def __init__(self, config: Any):
         self.config = config
         self.runs: dict[RunIdentity, Any] = {}
-        # (id(batch part), part) already delivered -> the part's record, kept referenced so that
-        # its id cannot be reused by a later record while the key is here (a batch dropped
-        # while being retried leaves its keys behind until the next delivered batch)
-        self._written: dict[tuple[int, str], Any] = {}
+        # id(record) -> record, for the records of the batch in flight already written (or rejected),
+        # kept referenced so that an id cannot be reused by a later record while it is here (a batch
+        # dropped while being retried leaves its ids behind until the next batch)
+        self._written: dict[int, Any] = {}
         self._inflight: Any = None  # the batch being retried; a different batch resets the progress
+        self._points: dict[int, tuple[Any, list[StepMetrics]]] = {}  # id(record) -> its points, one per key
+        self.rejected = 0  # records (or a step's points) refused by the tracker as bad data
         self.wants_trajectories = type(self).routing(config)
         self._console_lock = threading.Lock()
         self._console_pending: list[tuple[str, str]] = []
@@ -131,37 +146,105 @@ class TrackerExporter(Exporter):
         if records is not self._inflight:
             # a new batch (the previous one was delivered or given up): forget partial progress
             self._written.clear()
+            self._points.clear()
             self._inflight = records
         groups: OrderedDict[RunIdentity, list[Any]] = OrderedDict()
         for r in records:
+            if type(r) in (StepMetrics, Generations) and not -STEP_LIMIT <= r.step < STEP_LIMIT \
+                    and id(r) not in self._written:
+                # (log() refuses these; a spool of an older version or another sender may hold one)
+                self._reject_record(r, ValueError("a step outside the signed 64-bit range trackers store"))
+                self._written[id(r)] = r
             groups.setdefault(r.run, []).append(r)
         for ident, recs in groups.items():
             starts = [r for r in recs if isinstance(r, RunStart)]
             handle = self.runs.get(ident)
             if handle is None:
-                handle = self.runs[ident] = self.open_run(ident, starts[0] if starts else None)
+                handle = self._open_tracked(ident, starts[0] if starts else None)
                 starts = starts[1:]
-                self._run_opened(handle)
             for s in starts:
-                self._once(s, "config", lambda s=s: self.update_config(handle, s))
+                self._write_isolated(handle, [s], lambda h, part: self.update_config(h, part[0]))
             parts = (
-                ("metrics", StepMetrics, self.write_metrics),
-                ("generations", Generations, self.write_generations),
-                ("trajectories", Trajectory, self.write_trajectories),
+                (StepMetrics, self.write_metrics),
+                (Generations, self.write_generations),
+                (Trajectory, self.write_trajectories),
             )
-            for label, cls, write in parts:
+            for cls, write in parts:
                 items = [r for r in recs if isinstance(r, cls)]
                 if items:
-                    self._once(items[0], label, lambda w=write, i=items: w(handle, i))
+                    self._write_isolated(handle, items, write)
         self._written.clear()  # the whole batch is delivered
+        self._points.clear()
         self._inflight = None
 
-    def _once(self, key_obj: Any, label: str, fn: Any) -> None:
-        key = (id(key_obj), label)
-        if key in self._written:
+    def _open_tracked(self, ident: RunIdentity, start: RunStart | None) -> Any:
+        try:
+            handle = self.open_run(ident, start)
+        except Exception as exc:
+            if start is None or not is_data_error(exc):
+                raise
+            # the run's config is what the tracker refuses: open the run without it, then reject the config
+            handle = self.open_run(ident, None)
+            self.runs[ident] = handle
+            self._run_opened(handle)
+            self._write_isolated(handle, [start], lambda h, part: self.update_config(h, part[0]))
+            return handle
+        self.runs[ident] = handle
+        self._run_opened(handle)
+        if start is not None:
+            self._written[id(start)] = start
+        return handle
+
+    def _write_isolated(self, handle: Any, items: list[Any], write: Any) -> None:
+        """``write(handle, items)`` for the items not written yet; on a data error, halves of them until the
+        bad records are alone, which are rejected (a step's metrics: point by point)."""
+        written = self._written
+        items = [r for r in items if id(r) not in written]
+        if not items:
             return
-        fn()
-        self._written[key] = key_obj
+        try:
+            write(handle, items)
+        except Exception as exc:
+            if not is_data_error(exc):
+                raise
+            if len(items) > 1:
+                mid = len(items) // 2
+                self._write_isolated(handle, items[:mid], write)
+                self._write_isolated(handle, items[mid:], write)
+                return
+            one = items[0]
+            if isinstance(one, StepMetrics) and len(one.values) > 1:
+                self._write_isolated(handle, self._split_points(one), write)
+            else:
+                self._reject_record(one, exc)
+        for r in items:
+            written[id(r)] = r
+
+    def _split_points(self, r: StepMetrics) -> list[StepMetrics]:
+        """One record per key of `r` (the same objects on a retry, so that written ones are known)."""
+        known = self._points.get(id(r))
+        if known is None:
+            known = self._points[id(r)] = (r, [dataclasses.replace(r, values={k: v}) for k, v in r.values.items()])
+        return known[1]
+
+    def _reject_record(self, r: Any, exc: BaseException) -> None:
+        self.rejected += 1
+        n = self.rejected
+        if n > REJECTS_LOGGED and n % 1000:
+            return
+        if isinstance(r, StepMetrics):
+            what = f"metric {', '.join(map(repr, r.values))} at step {r.step}"
+        elif isinstance(r, Generations):
+            what = f"the generations table ({len(r.rows)} rows) at step {r.step}"
+        elif isinstance(r, Trajectory):
+            what = f"trajectory {r.name!r} (trace {r.trace_id:032x}) at step {r.step}"
+        elif isinstance(r, RunStart):
+            what = f"the config of run {r.run.run_id!r}"
+        else:
+            what = type(r).__name__
+        more = "" if n <= REJECTS_LOGGED else f" ({n} rejected so far; not every one is logged)"
+        _log.warning("otel-rl: exporter %r: the tracker refused %s (%s: %s); rejected, the rest is delivered%s",
+                     self.name, what, type(exc).__name__, str(exc)[:300], more)
 
     def shutdown(self) -> None:
         for handle in list(self.runs.values()):

@@ -278,15 +278,23 @@ def test_stuck_exporter_at_shutdown_leaves_everything_in_the_spool(tmp_path, cap
     assert sw2.steps() == sorted(sw2.steps())
 
 
-def test_memory_only_queue_still_drops_oldest_when_no_spool(tmp_path):
-    sw = Switch()
+def test_memory_only_queue_sheds_spans_but_keeps_every_record_when_no_spool(tmp_path):
+    """Over its bound a queue without a spool drops the spans of its oldest batches (counted as shed);
+    its records are all kept and delivered once the tracker is up."""
+    sw = Switch()  # down
+    sw.wants_spans = True
+    sw.export_spans = lambda spans: None
     q = DeliveryQueue(sw, 10)
     ident = RunIdentity("p", "e", "r")
     for n in range(30):
-        q.put([], [StepMetrics(ident, n, {"n": n}, n)])
-    assert q.spool is None and q.stats.dropped >= 19 and q.stats.spooled == 0
+        q.put([f"span-{n}"], [StepMetrics(ident, n, {"n": n}, n)])
+    assert q.spool is None and q.stats.spooled == 0
+    assert q.stats.shed == q.stats.dropped >= 19  # spans only
+    sw.up.set()
+    assert q.wait_idle(30)
     q.request_stop()
     q.join(5)
+    assert sw.steps() == list(range(30))
     assert not os.listdir(tmp_path)
 
 
