@@ -17,6 +17,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
+from . import _exit
 from . import semconv as sc
 from ._instruments import Instruments, views
 from ._lightspan import LightTracer, TimeOrderedIds
@@ -29,8 +30,10 @@ from ._values import coerce_metrics, warn_once
 from .config import Config, resolve, scrub_secrets
 from .exporters import registry
 from .exporters.base import Exporter
+from .instrument import _open_traced, end_open_trajectories
 from .sampling import Sampler
 from .serialize import to_json
+from .spool.replay import note_run_end
 
 _log = logging.getLogger("otel_rl")
 #: steps are signed 64-bit integers in every tracker (and in OTLP): -2**63 <= step < 2**63
@@ -323,29 +326,62 @@ class Handle:
             pass
         return ok
 
-    def shutdown(self, timeout_s: float = 30.0) -> None:
-        with self._lock:
+    def shutdown(self, timeout_s: float | None = None) -> None:
+        """Deliver what was recorded and end the tracker runs, within `timeout_s` overall (default: the
+        ``shutdown_timeout_s`` setting, 10 s): what an exporter has not delivered by then stays in its
+        spool (``otel-rl replay``), and an exporter still busy ending its run is left to it.  Traced
+        trajectories still open are stored as interrupted (status ERROR).  The tracker runs are marked
+        as the process ends (`otel_rl._exit.outcome`: failed, aborted, killed) or as finished."""
+        self._shutdown(timeout_s, _exit.outcome())
+
+    def _shutdown(self, timeout_s: float | None, outcome: _exit.Outcome | None) -> None:
+        # (bounded: a SIGTERM handler may have interrupted this thread inside add_exporter, lock held)
+        locked = self._lock.acquire(timeout=1.0)
+        try:
             if self._closed:
                 return
             self._closed = True
-        if RT.handle is self:
-            RT.reset()
+        finally:
+            if locked:
+                self._lock.release()
+        if timeout_s is None:
+            timeout_s = self.config.shutdown_timeout_s
         deadline = time.monotonic() + timeout_s  # one budget for all stages and exporters
+        if RT.handle is self:
+            end_open_trajectories()  # before the pipeline's last batches: their traces go whole
+            RT.reset()
+        if self._sidecar is not None:
+            self._sidecar.outcome = outcome
+        told = [e for e in self.exporters if not getattr(e, "remote", False)]
+        if outcome is not None:
+            for e in told:
+                _exit.tell_outcome(e, outcome)
         self._pipeline.shutdown(timeout_s)
-        for e in self.exporters:
-            try:
-                e.flush(max(0.1, deadline - time.monotonic()))
-            except Exception:
-                pass
+        # (again: exporters taken back from an export process that died meanwhile are in the list now)
+        local = [e for e in self.exporters if not getattr(e, "remote", False)]
+        if outcome is not None:
+            for e in local:
+                if not any(e is x for x in told):
+                    _exit.tell_outcome(e, outcome)
+        for q in self._pipeline.queues:
+            if not getattr(q, "remote", False):
+                note_run_end(q, outcome)
+        # each exporter flushes and ends its run on its own thread, all within what is left of the budget:
+        # a tracker whose server is down or hung costs the budget, not its own timeouts one after another
+        threads = [threading.Thread(target=_end_exporter, args=(e, deadline), name=f"otel-rl-end-{e.name}",
+                                    daemon=True) for e in local]
+        for t in threads:
+            t.start()
         try:
             self.meter_provider.shutdown(timeout_millis=max(100.0, (deadline - time.monotonic()) * 1000))
         except Exception:
             pass
-        for e in self.exporters:
-            try:
-                e.shutdown()
-            except Exception as exc:
-                warn_once(f"shutdown:{e.name}", "otel-rl: exporter %r shutdown failed: %s", e.name, exc)
+        for t in threads:
+            t.join(max(0.05, deadline - time.monotonic()))
+        left = [t.name[len("otel-rl-end-"):] for t in threads if t.is_alive()]
+        if left:
+            _log.warning("otel-rl: exporter(s) %s still ending their runs after the shutdown budget of %.1f s "
+                         "(shutdown_timeout_s); left to finish in the background", ", ".join(left), timeout_s)
         try:
             self.tracer_provider.shutdown()
         except Exception:
@@ -358,8 +394,20 @@ class Handle:
     def __enter__(self) -> Handle:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        self.shutdown()
+    def __exit__(self, et: Any, ev: Any, tb: Any) -> None:
+        # an exception leaving the block ends the runs as failed (as MLflow's `with start_run()` does)
+        self._shutdown(None, _exit.outcome_of(et, ev, tb) or _exit.outcome())
+
+
+def _end_exporter(e: Any, deadline: float) -> None:
+    try:
+        e.flush(max(0.1, deadline - time.monotonic()))
+    except Exception:
+        pass
+    try:
+        e.shutdown()
+    except Exception as exc:
+        warn_once(f"shutdown:{e.name}", "otel-rl: exporter %r shutdown failed: %s", e.name, exc)
 
 
 def _build_exporters(cfg: Config, given: Sequence[Exporter]) -> list[Any]:
@@ -465,6 +513,8 @@ def init(config: Any = None, *, overrides: Sequence[str] | None = None, tokenize
         if not _atexit_registered:
             atexit.register(_shutdown_current)
             _atexit_registered = True
+        if not cfg.disabled and os.environ.get(_IN_EXPORT_PROCESS) != "1":
+            _exit.install(_shutdown_current, cfg.handle_sigterm)
     if not cfg.disabled:
         _maybe_set_global(cfg)
     return handle
@@ -474,6 +524,7 @@ def _after_fork_in_child() -> None:
     # the pipeline's threads do not exist in a forked child: telemetry there is off until it calls init()
     if RT.handle is not None:
         RT.reset()
+        _open_traced.clear()  # the parent's rollouts
         _log.debug("otel-rl: forked child: telemetry off until otel_rl.init() is called in the child")
 
 
@@ -484,7 +535,7 @@ if hasattr(os, "register_at_fork"):
 def _shutdown_current() -> None:
     h = RT.handle
     if h is not None:
-        h.shutdown(10.0)
+        h.shutdown()  # within its shutdown_timeout_s
 
 
 def current() -> Handle | None:

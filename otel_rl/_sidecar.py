@@ -57,11 +57,10 @@ from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from ._console import ConsoleTee
-from ._exit import quick_exit
+from ._exit import Outcome, quick_exit, tell_outcome
 from ._pipeline import DeliveryQueue, ExporterStats, Receiver, wait_all_idle
 from ._values import warn_once
 from .exporters.base import Exporter
-from .exporters.tracker import on_uncaught_exception, run_failure
 from .records import Trajectory
 
 _log = logging.getLogger("otel_rl")
@@ -71,11 +70,15 @@ _STATS_INTERVAL_S = 0.5
 _GC_SETTLE_S = 60.0
 #: set in the export process's environment: an `init()` there keeps every exporter in-process
 IN_EXPORT_PROCESS = "OTEL_RL_IN_EXPORT_PROCESS"
-#: extra time the trainer waits, after the shutdown budget, for the child to finish its tracker runs
-STOP_GRACE_S = 60.0
+#: the child's shutdown budget is the trainer's less this (or a tenth of it): time to say it is done
+STOP_MARGIN_S = 0.5
 
 
-_CHILD = "import sys; from otel_rl._sidecar import main; sys.exit(main(sys.argv[1:]))"
+# Ctrl-C and SIGTERM are the trainer's to handle (a job scheduler may send them to every process of the job): it
+# stops this process in order, after its last batches.  Set first thing, before the imports (`main` again)
+_CHILD = ("import signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+          "signal.signal(signal.SIGTERM, lambda s, f: None); "
+          "from otel_rl._sidecar import main; sys.exit(main(sys.argv[1:]))")
 
 
 def _mark_absent(names: Sequence[str]) -> None:
@@ -198,17 +201,6 @@ def _read(f: Any) -> Any:
 
 # ----------------------------------------------------------------------------- trainer side
 
-_failure: tuple[str, str] | None = None  # the training process's uncaught exception: (state, traceback)
-
-
-def _remember_failure(tp: Any, value: Any, tb: Any) -> None:
-    """So the export process can tell the trackers how the run ended (SwanLab's crashed / aborted state),
-    as they would see it in-process."""
-    global _failure
-    if _failure is None:
-        _failure = run_failure(tp, value, tb)
-
-
 class RemoteExporter(Exporter):
     """Stands for an exporter running in the export process (what `Handle.exporters` lists)."""
 
@@ -294,15 +286,19 @@ class SidecarClient:
         self._adopted = threading.Event()
         self.fallback: Callable[[list, Sequence[str]], None] | None = None
         self.dropped = 0
-        on_uncaught_exception(_remember_failure)
+        self.outcome: Any = None  # how the training process ends (otel_rl._exit.Outcome), sent with "stop"
         r_in, w_in = os.pipe()  # trainer -> child
         r_out, w_out = os.pipe()  # child -> trainer
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
         env[IN_EXPORT_PROCESS] = "1"
         try:
+            # in a session of its own: Ctrl-C in a terminal, or a signal to the trainer's process group, is the
+            # trainer's to handle (it stops this process in order, after its last batches; a trainer that dies
+            # closes the pipe, and this process delivers what it has and ends)
             self.proc = subprocess.Popen([sys.executable, "-c", _CHILD, str(r_in), str(w_out)],
-                                         pass_fds=(r_in, w_out), env=env, stdin=subprocess.DEVNULL)
+                                         pass_fds=(r_in, w_out), env=env, stdin=subprocess.DEVNULL,
+                                         start_new_session=True)
         finally:
             os.close(r_in)
             os.close(w_out)
@@ -429,18 +425,23 @@ class SidecarClient:
             if self._stop_sent or not self.alive:
                 return
             self._stop_sent = True
-            budget = timeout_s if timeout_s is not None else 30.0
-            self._out.append(("stop", budget, _failure))
+            budget = timeout_s if timeout_s is not None else float(getattr(self.config, "shutdown_timeout_s", 10.0))
+            # its own budget a little shorter than the trainer's wait for it: what it could not deliver is
+            # in its spools, and it says so, before the trainer stops waiting
+            budget = max(0.0, budget - min(STOP_MARGIN_S, budget / 10))
+            o = self.outcome
+            self._out.append(("stop", budget, None if o is None else (o.state, o.text, o.exit_code)))
             self._cond.notify_all()
 
     def join(self, timeout_s: float) -> None:
-        """Wait for the child to finish (its tracker runs closed), up to `timeout_s` + a grace period, then
-        for its exit hooks ("done", or the end of the process), up to 5 s.  The process's end itself (the
+        """Wait for the child to finish (its tracker runs closed), then for its exit hooks ("done", or the end
+        of the process), up to `timeout_s` in all (the shutdown budget).  The process's end itself (the
         kernel's teardown of it) is not waited for: the reader thread reaps it."""
+        deadline = time.monotonic() + max(0.0, timeout_s)
         if not self._stop_sent:
             self.request_stop(timeout_s)
-        self._stopped.wait(max(0.0, timeout_s) + STOP_GRACE_S)
-        if not self._done.wait(5.0):
+        stopped = self._stopped.wait(max(0.0, deadline - time.monotonic()))
+        if not self._done.wait(max(0.5 if stopped else 0.0, deadline - time.monotonic())):
             _log.warning("otel-rl: the export process (pid %d) is still finishing its tracker runs; "
                          "it exits on its own when done", self.proc.pid)
         self._sender.join(1.0)
@@ -695,15 +696,14 @@ class _Server:
             self._settle_gc(force=True)
         # trajectories whose root never came (the trainer stopped or died mid-trajectory): what there is
         self.receiver.flush_partial()
-        if failure is not None:
+        ended = None
+        if failure is not None:  # how the training process ends: (state, text, exit code)
+            ended = Outcome(failure[0], int(failure[2]) if len(failure) > 2 else 1, failure[1])
             for q in self.queues.values():
-                try:
-                    q.exporter.process_failed(*failure)
-                except Exception:
-                    pass
+                tell_outcome(q.exporter, ended)
         # Each exporter finishes on its own thread: its last delivery, its flush, its tracker run closed.
         # None waits for another's: the trainer waits for the slowest of them, not for their sum.
-        threads = [threading.Thread(target=_finish_queue, args=(q, deadline), name=f"otel-rl-stop-{q.name}")
+        threads = [threading.Thread(target=_finish_queue, args=(q, deadline, ended), name=f"otel-rl-stop-{q.name}")
                    for q in self.queues.values()]
         for t in threads:
             t.start()
@@ -744,13 +744,16 @@ class _Server:
         self.stop(stop_budget, failure)
 
 
-def _finish_queue(q: DeliveryQueue, deadline: float) -> None:
+def _finish_queue(q: DeliveryQueue, deadline: float, ended: Outcome | None = None) -> None:
     """The end of one exporter in the export process: what its queue holds delivered (retried until
     `deadline`; no more gathering), its queue stopped, the exporter flushed and shut down (its tracker
-    run closed)."""
+    run closed).  `ended`: how the training process ends (None: well), noted in a spool left behind."""
+    from .spool.replay import note_run_end
+
     q.wait_idle(max(0.0, deadline - time.monotonic()))
     q.request_stop()
     q.join(max(0.05, deadline - time.monotonic()))
+    note_run_end(q, ended)
     try:
         q.exporter.flush(max(0.1, deadline - time.monotonic()))
     except Exception:
@@ -761,8 +764,16 @@ def _finish_queue(q: DeliveryQueue, deadline: float) -> None:
         _log.warning("otel-rl: exporter %r shutdown failed: %s", q.name, exc)
 
 
+def _ignore_signal(signum: int, frame: Any) -> None:
+    return None
+
+
 def main(argv: Sequence[str]) -> NoReturn:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the trainer stops us in order
+    # the trainer stops us in order: Ctrl-C, or a SIGTERM sent to every process of the job, would end this process
+    # before the trainer's last batches reach it (see _CHILD)
+    # (SIGTERM: a handler that does nothing rather than SIG_IGN, which the processes trackers start would inherit)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _ignore_signal)
     r = os.fdopen(int(argv[0]), "rb", buffering=1 << 16)
     w = os.fdopen(int(argv[1]), "wb", buffering=1 << 16)
     server = _Server(r, w)

@@ -88,6 +88,8 @@ class Config:
     export_process_idle: bool = True  # Linux: the child runs under SCHED_IDLE (only CPU time nothing else wants)
     forward_console: bool = True  # the training process's console to the tracker runs in the export process
     export_process_cpus: str | None = None  # Linux: CPUs the child may run on ("last", or a list like "6,7" / "4-7")
+    shutdown_timeout_s: float = 10.0  # shutdown() / exit / SIGTERM: deliver within this, then spool what is left
+    handle_sigterm: bool = True  # SIGTERM: deliver (within shutdown_timeout_s), then end by the signal
     set_global_provider: bool = False
     feed_global_provider: bool = True  # a global SDK provider set up by the user gets otel-rl's spans and metrics
     disabled: bool = False
@@ -133,6 +135,8 @@ ENV_KEYS: dict[str, str] = {
     "OTEL_RL_FORWARD_CONSOLE": "forward_console",
     "OTEL_RL_EXPORT_PROCESS_CPUS": "export_process_cpus",
     "OTEL_RL_FEED_GLOBAL_PROVIDER": "feed_global_provider",
+    "OTEL_RL_SHUTDOWN_TIMEOUT_S": "shutdown_timeout_s",
+    "OTEL_RL_HANDLE_SIGTERM": "handle_sigterm",
     "OTEL_EXPORTER_PROMETHEUS_HOST": "prometheus_host",
     "OTEL_EXPORTER_PROMETHEUS_PORT": "prometheus_port",
 }
@@ -374,7 +378,7 @@ def _as_names(name: str, v: Any) -> tuple[str, ...]:
 def _coerce(field: str, v: Any, source: str) -> Any:
     label = f"{field} (from {source})"
     if field in ("token2text", "set_global_provider", "feed_global_provider", "disabled", "export_process_idle",
-                 "forward_console"):
+                 "forward_console", "handle_sigterm"):
         return _as_bool(label, v)
     if field == "tracing":
         return None if v is None else _as_bool(label, v)
@@ -423,7 +427,7 @@ def _coerce(field: str, v: Any, source: str) -> Any:
         if text != "last":
             parse_cpu_list(text, label)
         return text
-    if field in ("export_interval_s", "rollout_defer_s"):
+    if field in ("export_interval_s", "rollout_defer_s", "shutdown_timeout_s"):
         try:
             out_s = float(v)
         except (TypeError, ValueError):

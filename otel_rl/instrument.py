@@ -98,7 +98,9 @@ class step:
     """Root span of one training step: ``with otel_rl.step(n): ...``.
 
     `timer()` blocks inside add ``timing_s/<name>`` to this step's metrics,
-    which are logged when the block exits.
+    which are logged when the block exits; not when it is interrupted (an exception
+    that is not an `Exception` leaves it: Ctrl-C, `sys.exit`, a cancelled task),
+    whose timings would be those of a part of a step.
     """
 
     __slots__ = ("_n", "_st")
@@ -117,7 +119,7 @@ class step:
 
     def __exit__(self, et: Any, ev: BaseException | None, tb: Any) -> bool:
         st = self._st
-        if st.timings and RT.handle is not None:
+        if st.timings and RT.handle is not None and (ev is None or isinstance(ev, Exception)):
             RT.handle.log(dict(st.timings), step=st.n)  # while the step is current: parented to its span
         STEP.reset(st.var_token)
         if st.span is not None:
@@ -235,6 +237,29 @@ class TrajectoryState:
         return a
 
 
+#: the sampled trajectories whose block has not exited (id -> state): ended as interrupted at shutdown
+_open_traced: dict[int, TrajectoryState] = {}
+
+
+def end_open_trajectories(reason: str = "interrupted") -> int:
+    """End the root span of every traced trajectory still open (the process is ending while rollouts run
+    in other threads or tasks), with status ERROR `reason`: each is stored as a whole trace, root and tags
+    with it, instead of as the spans that happened to end.  Their ops still running are not waited for.
+    Returns how many were ended."""
+    n = 0
+    for key in list(_open_traced):
+        st = _open_traced.pop(key, None)  # (the block may be exiting meanwhile on its own thread)
+        if st is None:
+            continue
+        try:
+            st.span.set_status(Status(StatusCode.ERROR, reason))
+            st.span.end()
+            n += 1
+        except Exception:  # pragma: no cover - never let telemetry raise
+            pass
+    return n
+
+
 class trajectory:
     """One rollout of one sample as its own trace, linked to the current step span.
 
@@ -269,6 +294,7 @@ class trajectory:
             st.link = _link_target()
             st.span = RT.light.start(name or sc.SPAN_TRAJECTORY, None, st.attributes(), _links_to(st.link))
             st.ctx_token = attach_span(st.span, _EMPTY_CONTEXT)
+            _open_traced[id(st)] = st
         st.var_token = TRAJECTORY.set(st)
         return st
 
@@ -277,9 +303,10 @@ class trajectory:
         TRAJECTORY.reset(st.var_token)
         if st.mode == SAMPLED:
             detach(st.ctx_token)
-            if ev is not None:
-                _record_exception(st.span, ev)
-            st.span.end()
+            if _open_traced.pop(id(st), None) is not None:  # (else ended at shutdown, as interrupted)
+                if ev is not None:
+                    _record_exception(st.span, ev)
+                st.span.end()
         elif st.mode == UNSAMPLED and (ev is not None or st.errors):
             st.link = _link_target()  # the same step and span are current as at __enter__
             _emit_kept_error(st, ev)

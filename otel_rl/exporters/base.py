@@ -95,8 +95,11 @@ class Exporter:
     def shutdown(self) -> None:
         return None
 
-    def process_failed(self, state: str, text: str) -> None:
-        """The training process is ending with an uncaught exception (`state` ``crashed``, or
-        ``aborted`` for a KeyboardInterrupt; `text` its traceback), seen from the export process:
-        an exporter whose tracker records how a run ended marks it here, before `shutdown`."""
+    def process_failed(self, state: str, text: str, exit_code: int = 1) -> None:
+        """The training process is not ending well, called before `shutdown` (in whichever process the
+        exporter runs): `state` ``crashed`` (an uncaught exception, or a non-zero ``sys.exit``),
+        ``aborted`` (Ctrl-C) or ``killed`` (a termination signal, SIGTERM); `text` the traceback or the
+        cause; `exit_code` as wandb records it (1, the exit code, 255 for Ctrl-C, 128 + signal number).
+        An exporter whose tracker records how a run ended marks its runs so.  (An implementation may
+        leave out `exit_code`.)"""
         return None

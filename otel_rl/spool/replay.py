@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import json
 import os
 import time
 from collections.abc import Iterable, Sequence
@@ -23,6 +24,9 @@ from typing import Any
 from .store import Spool, SpoolBusy, SpoolOptions, read_meta
 
 _STATE_KEYS = ("format", "pid", "updated_ns")
+#: meta.json key: how the trainer that left the spool ended ({"state": "finished" | "crashed" | "aborted" |
+#: "killed", "exit_code", "text"}); absent when it never got to say (SIGKILL, power loss, still running)
+RUN_END_KEY = "run_end"
 
 
 @dataclasses.dataclass
@@ -52,6 +56,46 @@ class ReplayResult:
         return (f"{head}: delivered {self.delivered} of {self.pending_items} items{rate}; {self.dropped} dropped; "
                 f"{self.corrupt} corrupt regions skipped; {self.left} left"
                 + (f" ({self.message})" if self.message else ""))
+
+
+def note_run_end(queue: Any, outcome: Any) -> None:
+    """After `queue` stopped: when its spool still holds items, note in the spool's meta.json how the
+    trainer ended (`outcome`, an `otel_rl._exit.Outcome`; None: it finished), so that a replay that
+    delivers them ends the tracker runs that way.  Best effort: an error leaves the spool as it is."""
+    sp = getattr(queue, "spool", None)
+    if sp is None or not (sp.pending_items or getattr(queue.stats, "spool_pending", 0)):
+        return
+    meta_path = os.path.join(sp.path, "meta.json")
+    try:
+        meta = read_meta(sp.path)
+        meta[RUN_END_KEY] = ({"state": "finished", "exit_code": 0, "text": ""} if outcome is None else
+                             {"state": outcome.state, "exit_code": outcome.exit_code, "text": outcome.text[-4000:]})
+        tmp = f"{meta_path}.{os.getpid()}.end.tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(meta, f, indent=1, default=str)
+        os.replace(tmp, meta_path)
+    except (OSError, ValueError):
+        pass
+
+
+def _end_runs(exporter: Any, end: Any) -> str:
+    """Before the replay's `exporter.shutdown()`: end its tracker runs as the trainer ended (`end`, the
+    spool's note), or, when it never said, leave them as they are (an exporter that can; MLflow)."""
+    from .._exit import Outcome, tell_outcome
+
+    leave = getattr(exporter, "leave_runs_open", None)
+    if not isinstance(end, dict):
+        return "the trainer did not say how it ended: its runs are left as they are" if callable(leave) else ""
+    if callable(leave):
+        leave(False)
+    state = str(end.get("state") or "finished")
+    if state != "finished":
+        try:
+            code = int(end.get("exit_code") or 1)
+        except (TypeError, ValueError):
+            code = 1
+        tell_outcome(exporter, Outcome(state, code, str(end.get("text") or "")))
+    return ""
 
 
 def find_spools(paths: Iterable[str]) -> list[str]:
@@ -144,6 +188,9 @@ def replay_one(path: str, timeout_s: float = 300.0, list_only: bool = False,
         res.status, res.message = "error", f"cannot create exporter {name!r}: {type(exc).__name__}: {exc}"
         res.left = res.pending_items
         return res
+    leave = getattr(exporter, "leave_runs_open", None)
+    if callable(leave):
+        leave(True)  # until the end: a run is not reopened (set RUNNING) by the replay of its data
     t0 = time.monotonic()
     q = DeliveryQueue(exporter, 1000, backoff_max_s=max(0.5, min(10.0, timeout_s / 4)), spool=sp)
     done = q.wait_idle(timeout_s)
@@ -154,11 +201,15 @@ def replay_one(path: str, timeout_s: float = 300.0, list_only: bool = False,
         exporter.flush(30.0)
     except Exception as exc:
         res.message = f"exporter flush failed: {exc}"
+    st = q.stats
+    # the runs end as the trainer ended, once everything is delivered; otherwise they stay as they are
+    note = _end_runs(exporter, meta.get(RUN_END_KEY) if done and not st.spool_pending else None)
     try:
         exporter.shutdown()
     except Exception as exc:
         res.message = f"exporter shutdown failed: {exc}"
-    st = q.stats
+    if done and not st.spool_pending:
+        res.message = res.message or note
     res.delivered = st.replayed
     res.dropped = st.dropped
     res.corrupt = st.corrupt_frames

@@ -340,6 +340,8 @@ class MlflowExporter(TrackerExporter):
         self._bulk: Any = None  # _bulk.BulkTraceWriter, False (not applicable), None (not looked at)
         self._bulk_metrics: Any = None  # _bulk_metrics.BulkMetricWriter, False, None: the same
         self._ahead: dict[int, list[Any]] = {}  # trace id -> its spans (`_traces.RowSpan`), built by `prepare`
+        self._end_status = "FINISHED"  # how the runs end at shutdown (process_failed: FAILED / KILLED)
+        self._leave_open = False  # leave_runs_open(): runs keep the status they have (a replay)
 
     # -- clients ------------------------------------------------------------------------
     def _clients(self) -> tuple[Any, Any]:
@@ -451,7 +453,7 @@ class MlflowExporter(TrackerExporter):
                     if found and found[0].info.run_id != mlrun.info.run_id:
                         client.delete_run(mlrun.info.run_id)
                         mlrun, new = found[0], False
-        if mlrun.info.status != "RUNNING":
+        if mlrun.info.status != "RUNNING" and not self._leave_open:
             client.update_run(mlrun.info.run_id, status="RUNNING")
         handle = _Run(mlrun.info.run_id, mlrun.info.experiment_id, dict(mlrun.data.params), dict(mlrun.data.tags), new)
         if start is not None:
@@ -488,15 +490,27 @@ class MlflowExporter(TrackerExporter):
             for p in part:
                 handle.params[p.key] = p.value
 
+    def process_failed(self, state: str, text: str, exit_code: int = 1) -> None:
+        # as MLflow's own fluent API ends a run: FAILED for an exception or a failing exit, KILLED when it was
+        # stopped (Ctrl-C, a termination signal)
+        self._end_status = "FAILED" if state == "crashed" else "KILLED"
+
+    def leave_runs_open(self, leave: bool = True) -> None:
+        """Runs keep the status they have: not set RUNNING when opened, not ended at shutdown (`otel-rl
+        replay` of a spool whose trainer never said how it ended: killed, or still running)."""
+        self._leave_open = leave
+
     def close_run(self, handle: _Run) -> None:
         if handle.closed:
             return
-        client, _ = self._clients()
-        client.set_terminated(handle.run_id, "FINISHED")
+        if not self._leave_open:
+            client, _ = self._clients()
+            client.set_terminated(handle.run_id, self._end_status)
         handle.closed = True
 
     def shutdown(self) -> None:
-        """End the runs (FINISHED), bounded in time: a dead server must not hold up the exit."""
+        """End the runs (FINISHED, or as `process_failed` says), bounded in time: a dead server must not
+        hold up the exit."""
         runs = list(self.runs.values())
         self.runs.clear()
         if self._bulk:

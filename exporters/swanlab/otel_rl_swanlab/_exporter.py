@@ -346,8 +346,9 @@ class SwanlabExporter(TrackerExporter):
         self._active = state
         return True
 
-    def process_failed(self, state: str, text: str) -> None:
-        _mark_failed(state, text)  # the run is finished as crashed / aborted
+    def process_failed(self, state: str, text: str, exit_code: int = 1) -> None:
+        # the run is finished as crashed / aborted (SwanLab's state for a run stopped by a signal too)
+        _mark_failed("crashed" if state == "crashed" else "aborted", text)
 
     def _finish(self, state: _Run) -> None:
         if state.console is not None and state.run is not None and _alive(state.run):

@@ -286,8 +286,8 @@ class WandbExporter(TrackerExporter):
         handle.init_kwargs["config"] = config
         self._live(handle).config.update(config, allow_val_change=True)
 
-    def process_failed(self, state: str, text: str) -> None:
-        self._exit_code = 1  # the training process failed: its runs finish as failed
+    def process_failed(self, state: str, text: str, exit_code: int = 1) -> None:
+        self._exit_code = exit_code or 1  # the training process failed: its runs finish with its exit code
 
     def close_run(self, handle: WandbRun) -> None:
         if handle.console_rest:  # the training process's unfinished lines, before the run ends
