@@ -41,6 +41,7 @@ from .._values import warn_once
 from ..exporters.base import Exporter
 from ..records import Generations, RunIdentity, RunStart, StepMetrics, Trajectory
 from . import decode as _decode
+from ._inflate import Budget
 
 _log = logging.getLogger("otel_rl.bridge")
 
@@ -79,8 +80,10 @@ class Settings:
     max_body_bytes: int = 20 * MIB
     max_decompressed_bytes: int = 64 * MIB
     max_decompression_ratio: float = 200.0
+    decompression_budget_bytes: int = 256 * MIB
     max_connections: int = 256
     idle_timeout_s: float = 30.0
+    request_timeout_s: float = 30.0
     queue_size: int = 100_000
     batch_delay_s: float = 0.2
     grpc_workers: int = 4
@@ -446,6 +449,7 @@ class Bridge:
             fwd = ForwardExporter(settings.forward_endpoint, settings.forward_headers)
             self.forward = DeliveryQueue(fwd, max(1, settings.forward_queue_mib) << 10)
         self._token = settings.auth_token.encode() if settings.auth_token else None
+        self.inflate_budget = Budget(max(settings.decompression_budget_bytes, settings.max_decompressed_bytes))
         self._busy_at = max(1, int(self.config.queue_size * BUSY_FRACTION))
         self._state_lock = threading.Condition()
         self._inflight = 0
@@ -556,6 +560,7 @@ class Bridge:
     def stats(self) -> dict[str, Any]:
         out = self.counters.snapshot()
         out["pipeline_dropped"] = self.pipeline.dropped
+        out["decompression_peak_bytes"] = self.inflate_budget.peak
         out["exporters"] = {q.name: q.stats.as_dict() for q in self.queues()}
         return out
 
