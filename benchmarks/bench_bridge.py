@@ -19,6 +19,12 @@
    exporter wrapper's exact per-record latencies can be read) writes to MLflow.  Latency = time
    the MLflow exporter returned from writing a record - the end time of its span in the trainer.
 
+5. memory under gzip bombs (``--bombs 8,32``, only this section): a fresh bridge (discard sink,
+   default limits) gets N authenticated 1 MiB gzip bodies that inflate to 1 GiB each, all at once
+   over raw HTTP connections; reported: the bridge's peak RSS (VmHWM) above its RSS before, and
+   the answers.  ``--baseline-root DIR`` runs the same against the bridge code of another checkout
+   (e.g. the main branch) in the same run.
+
 The span mix per training step: one `rl.log` span with 40 metrics, and 8 trajectories of 4 spans
 (AGENT root; a CHAIN op with JSON inputs/outputs; an LLM op with GenAI token usage; a TOOL op):
 33 spans, about 11 KB of OTLP protobuf.
@@ -236,6 +242,79 @@ def wait_drained(bridge: Bridge, exporter: str, timeout: float = 600) -> None:
 # ----------------------------------------------------------------------------- sections
 
 
+def _status_kib(pid: int, field: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(field)
+
+
+def gzip_bomb(inflated_mib: int = 1024) -> bytes:
+    import zlib
+
+    c = zlib.compressobj(9, zlib.DEFLATED, 31)
+    zeros = bytes(1 << 20)
+    return b"".join([c.compress(zeros) for _ in range(inflated_mib)] + [c.flush()])
+
+
+def bombs(n: int, body: bytes, env: dict[str, str], cwd: str) -> dict[str, object]:
+    """Peak RSS of a fresh bridge while `n` clients post `body` (gzip) at once."""
+    import http.client
+    from collections import Counter
+
+    token = "bench-" + os.urandom(8).hex()
+    b = Bridge(["--exporters", "discard", "--auth-token-env", "BENCH_BRIDGE_TOKEN"], dict(env, BENCH_BRIDGE_TOKEN=token),
+               cwd)
+    try:
+        time.sleep(1.0)
+        before = _status_kib(b.proc.pid, "VmRSS")
+        host, port = b.http.rsplit(":", 1)
+        statuses: list[int | str] = []
+        go = threading.Barrier(n)
+
+        def one() -> None:
+            conn = http.client.HTTPConnection(host, int(port), timeout=120)
+            try:
+                go.wait()
+                conn.request("POST", "/v1/traces", body=body, headers={
+                    "Content-Type": "application/x-protobuf", "Content-Encoding": "gzip",
+                    "Authorization": f"Bearer {token}"})
+                r = conn.getresponse()
+                r.read()
+                statuses.append(r.status)
+            except OSError as exc:
+                statuses.append(type(exc).__name__)
+            finally:
+                conn.close()
+
+        threads = [threading.Thread(target=one) for _ in range(n)]
+        t0 = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        took = time.perf_counter() - t0
+        peak = _status_kib(b.proc.pid, "VmHWM")
+    finally:
+        b.stop()
+    return {"n": n, "rss_before_mib": before / 1024, "peak_mib": peak / 1024, "peak_above_mib": (peak - before) / 1024,
+            "answers": dict(Counter(statuses)), "seconds": took}
+
+
+def bombs_section(counts: list[int], baseline_root: str | None, tmp: str) -> None:
+    body = gzip_bomb()
+    print(f"\n5. bridge memory under concurrent gzip bombs: each body {len(body) / 1024:.0f} KiB of gzip inflating to "
+          f"1 GiB, authenticated; default limits (64 MiB decompressed per request)")
+    roots = [("this checkout", str(ROOT))] + ([("baseline " + baseline_root, baseline_root)] if baseline_root else [])
+    for label, root in roots:
+        paths = [root] + [str(Path(root) / "exporters" / x) for x in ("mlflow", "wandb", "swanlab", "weave")]
+        env = clean_env(PYTHONPATH=os.pathsep.join(paths))
+        for n in counts:
+            r = bombs(n, body, env, tmp)
+            print(f"   {label:<28} {n:>3} at once: peak RSS {r['peak_mib']:7.0f} MiB = {r['peak_above_mib']:+7.0f} MiB "
+                  f"over {r['rss_before_mib']:.0f} MiB before; answers {r['answers']}; {r['seconds']:.1f} s")
+
+
 def ingest(sink: str, n_spans: int, repeats: int, env: dict[str, str], cwd: str,
            pre_encoded: bool = False) -> dict[str, float]:
     bridge = Bridge(["--exporters", sink, "--queue-size", "2000000"] + (["--trace-backend", "mlflow"]
@@ -342,7 +421,16 @@ def latency(steps: int, batch_delay: float, tmp: str) -> dict[str, float]:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--bombs", default=None, metavar="N,N", help="only section 5, with these numbers of bombs at once")
+    p.add_argument("--baseline-root", default=None, metavar="DIR",
+                   help="section 5 also against the bridge code of this checkout")
     a = p.parse_args()
+    if a.bombs:
+        with tempfile.TemporaryDirectory(prefix="bench-bridge-") as tmp:
+            print(f"bench_bridge: {platform.python_version()} on {os.cpu_count()} cores, "
+                  f"load {os.getloadavg()[0]:.2f}")
+            bombs_section([int(x) for x in a.bombs.split(",")], a.baseline_root, tmp)
+        return 0
     n_spans, repeats, n_mlflow, n_metric_req, steps = ((20_000, 1, 3_000, 20, 20) if a.quick
                                                        else (100_000, 3, 16_500, 100, 60))
     print(f"bench_bridge: {platform.python_version()} on {os.cpu_count()} cores, "

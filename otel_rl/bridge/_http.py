@@ -4,28 +4,37 @@
 ``application/json`` bodies, ``Content-Encoding`` gzip / deflate / identity; ``GET /healthz``
 and ``GET /readyz``.  HTTP/1.1 with keep-alive (the OTLP exporters keep their connection).
 
-Hostile input never gets further than a 4xx with a short reason: a body larger than
-``max_body_bytes`` (413, refused from its Content-Length before it is read), a body that
-inflates beyond ``max_decompressed_bytes`` or ``max_decompression_ratio`` (413, decompressed in
-bounded steps so a gzip bomb never fills memory), a truncated or corrupt compressed body (400),
-a body that is not OTLP (400), a wrong content type (415), a wrong token (401).  Connections
-are capped (``max_connections``), idle ones time out, TLS handshakes happen on the connection's
-own thread.  Errors are logged at debug level; the client never sees a traceback.
+Hostile input never gets further than a 4xx with a short reason: a wrong token (401, answered
+before the body is read, and the connection closed), a body larger than ``max_body_bytes`` (413,
+refused from its Content-Length before it is read), a body that inflates beyond
+``max_decompressed_bytes`` or ``max_decompression_ratio`` (413, inflated in bounded steps under
+one budget shared by all requests, `otel_rl.bridge._inflate`), a truncated or corrupt compressed
+body (400), a body that is not OTLP (400), a wrong content type (415).  Connections are capped
+(``max_connections``); an idle one is closed after ``idle_timeout_s`` and a request (its line,
+headers and body) must arrive whole within ``request_timeout_s`` of its first byte (408 and
+close beyond), so a client that trickles bytes cannot hold a connection; TLS handshakes happen on
+the connection's own thread, within the same time.  Errors are logged at debug level; the client
+never sees a traceback.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import logging
+import select
 import socket
 import ssl
 import threading
-import zlib
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from .core import MIB, Busy, _Raw
+from ._inflate import HttpError, decompress
+from .core import Busy, _Raw
 from .decode import DecodeError
+
+__all__ = ["HttpError", "HttpReceiver", "decompress", "tls_context"]
 
 _log = logging.getLogger("otel_rl.bridge")
 
@@ -35,50 +44,6 @@ _JSON = ("application/json",)
 # google.rpc.Code for the Status body of an error (OTLP/HTTP: the body of an error is a Status)
 _RPC_CODE = {400: 3, 401: 16, 404: 5, 405: 12, 408: 4, 411: 3, 413: 8, 415: 3, 429: 8, 431: 3, 500: 13, 503: 14}
 _MAX_LINE = 65536
-
-
-class HttpError(Exception):
-    def __init__(self, code: int, reason: str, message: str, close: bool = False):
-        super().__init__(message)
-        self.code = code
-        self.reason = reason
-        self.message = message
-        self.close = close
-
-
-def decompress(body: bytes, encoding: str, max_out: int, max_ratio: float) -> bytes:
-    """Inflate `body` (gzip or deflate), never producing more than the limits allow."""
-    enc = encoding.strip().lower()
-    if enc in ("", "identity"):
-        return body
-    if enc in ("gzip", "x-gzip"):
-        wbits = 16 + zlib.MAX_WBITS
-    elif enc == "deflate":
-        wbits = zlib.MAX_WBITS  # RFC 9110 "deflate" is zlib-wrapped; raw deflate is tried below
-    else:
-        raise HttpError(415, "unsupported_encoding", f"unsupported Content-Encoding {encoding[:40]!r}")
-    limit = int(min(max_out, max(MIB, max_ratio * len(body))))
-    out = bytearray()
-    data = body
-    while True:
-        d = zlib.decompressobj(wbits)
-        try:
-            chunk = d.decompress(data, limit - len(out) + 1)
-        except zlib.error:
-            if enc == "deflate" and wbits == zlib.MAX_WBITS and not out:
-                wbits = -zlib.MAX_WBITS
-                continue
-            raise HttpError(400, "bad_compression", f"corrupt {enc} body") from None
-        out += chunk
-        if len(out) > limit or d.unconsumed_tail:
-            which = "size" if limit == max_out else "ratio"
-            raise HttpError(413, "decompression_limit", f"body inflates beyond the {which} limit", close=False)
-        if not d.eof:
-            raise HttpError(400, "bad_compression", f"truncated {enc} body")
-        data = d.unused_data
-        if not data or wbits != 16 + zlib.MAX_WBITS:
-            break  # gzip may have several members; anything after a zlib stream is ignored
-    return bytes(out)
 
 
 def _media_type(header: str | None) -> str:
@@ -120,6 +85,68 @@ def _success_body(signal: str, media: str, rejected: int, error_message: str) ->
     return resp.SerializeToString(), "application/x-protobuf"
 
 
+class _Late(TimeoutError):
+    """The request did not arrive whole within its time."""
+
+
+class _DeadlineSocketReader(io.RawIOBase):
+    """The connection's socket as the handler reads it: while a request arrives, no read waits
+    past the request's deadline, however the client spaces its bytes; between requests a read
+    waits for the idle timeout."""
+
+    def __init__(self, sock: Any, idle_s: float):
+        super().__init__()
+        self.sock = sock
+        self.idle_s = idle_s
+        self.deadline: float | None = None
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf: Any) -> int:
+        if self.deadline is None:
+            return self.sock.recv_into(buf)
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise _Late("request not received in time")
+        self.sock.settimeout(min(self.idle_s, left))
+        try:
+            return self.sock.recv_into(buf)
+        except (TimeoutError, socket.timeout):
+            if time.monotonic() >= self.deadline:
+                raise _Late("request not received in time") from None
+            raise
+
+    def arm(self, seconds: float) -> None:
+        self.deadline = time.monotonic() + seconds
+
+    def disarm(self) -> None:
+        if self.deadline is not None:
+            self.deadline = None
+            self.sock.settimeout(self.idle_s)
+
+
+def _handshake(sock: ssl.SSLSocket, seconds: float) -> None:
+    """The TLS handshake, whole within `seconds` (a blocking handshake waits per read, not in all)."""
+    deadline = time.monotonic() + seconds
+    timeout = sock.gettimeout()
+    sock.setblocking(False)
+    try:
+        while True:
+            try:
+                sock.do_handshake()
+                return
+            except ssl.SSLWantReadError:
+                want = ([sock], [])
+            except ssl.SSLWantWriteError:
+                want = ([], [sock])
+            left = deadline - time.monotonic()
+            if left <= 0 or not any(select.select(want[0], want[1], [], left)[:2]):
+                raise _Late("TLS handshake not done in time")
+    finally:
+        sock.settimeout(timeout)
+
+
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "otel-rl-bridge"
@@ -131,11 +158,15 @@ class _Handler(BaseHTTPRequestHandler):
 
     # -- connection ----------------------------------------------------------------------
     def setup(self) -> None:
-        self.timeout = self.server.settings.idle_timeout_s
+        settings = self.server.settings
+        self.timeout = settings.idle_timeout_s
         self.request.settimeout(self.timeout)
         if isinstance(self.request, ssl.SSLSocket):
-            self.request.do_handshake()
+            _handshake(self.request, min(settings.idle_timeout_s, settings.request_timeout_s))
         super().setup()
+        self.rfile.close()  # the stdlib's reader waits per read; ours also in all (a request's deadline)
+        self._reader = _DeadlineSocketReader(self.request, settings.idle_timeout_s)
+        self.rfile = io.BufferedReader(self._reader, 65536)
         self.server.track(self.request, idle=True)
 
     def finish(self) -> None:
@@ -170,14 +201,20 @@ class _Handler(BaseHTTPRequestHandler):
         # unknown methods -> 405 (not 501), and every socket error ends the connection quietly
         self._body_read = False
         self._linger = False
+        self._answered = False
         self._media = ""
         try:
             self.server.track(self.request, idle=True)
+            self._reader.disarm()
+            if not self.rfile.peek(1):  # waits for the next request's first byte (idle timeout)
+                self.close_connection = True
+                return
+            self._reader.arm(self.server.settings.request_timeout_s)
+            self.server.track(self.request, idle=False)
             self.raw_requestline = self.rfile.readline(_MAX_LINE + 1)
             if not self.raw_requestline:
                 self.close_connection = True
                 return
-            self.server.track(self.request, idle=False)
             if len(self.raw_requestline) > _MAX_LINE:
                 self.requestline = ""
                 self.request_version = ""
@@ -192,16 +229,34 @@ class _Handler(BaseHTTPRequestHandler):
                 return
             method()
             self.wfile.flush()
+        except _Late:
+            self.close_connection = True
+            self._too_late()
         except (TimeoutError, socket.timeout):
             self.close_connection = True
         except (OSError, ssl.SSLError, ValueError):
             self.close_connection = True
+
+    def _too_late(self) -> None:
+        """A request that did not arrive whole in time: 408 (when nothing was answered yet), then close."""
+        self.counted("request_timeout")
+        _log.debug("otel-rl bridge http %s: request not received within %ss; closing", self.client_address[0],
+                   self.server.settings.request_timeout_s)
+        if getattr(self, "_answered", False):
+            return
+        try:
+            self.request.settimeout(1.0)
+            self.request.sendall(b"HTTP/1.1 408 Request Timeout\r\nContent-Type: text/plain; charset=utf-8\r\n"
+                                 b"Content-Length: 28\r\nConnection: close\r\n\r\nrequest not received in time\n")
+        except (OSError, ValueError):
+            pass
 
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
         # the stdlib parser's errors (bad request line, too many/long headers, bad version):
         # always a short 4xx and the connection closed
         if code >= 500:
             code = 400
+        self._reader.disarm()
         self.counted(f"http_{code}")
         if getattr(self, "request_version", "HTTP/0.9") in ("HTTP/0.9", ""):
             self.request_version = "HTTP/1.1"  # answer with a status line even to a garbage request line
@@ -226,6 +281,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _send(self, code: int, body: bytes, ctype: str, headers: dict[str, str] | None = None,
               close: bool = False) -> None:
+        self._reader.disarm()  # what is left to read of a refused body is not read under the deadline
+        self._answered = True
         self.send_response(code)
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(body)))
@@ -354,11 +411,14 @@ class _Handler(BaseHTTPRequestHandler):
             self._fail(404, "not_found", "unknown path; OTLP/HTTP paths are /v1/traces and /v1/metrics")
             return
         if not bridge.authorized(self.headers.get("Authorization")):
-            self._fail(401, "unauthorized", "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"})
+            # answered before the body, which is never read (the connection closes after the answer)
+            self._fail(401, "unauthorized", "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"},
+                       close=True)
             return
         if not bridge.enter():
             self._fail(503, "shutting_down", "shutting down", {"Retry-After": "5"}, close=True)
             return
+        lease = bridge.inflate_budget.lease()
         try:
             try:
                 raw = self._read_body()
@@ -372,11 +432,13 @@ class _Handler(BaseHTTPRequestHandler):
                     raise HttpError(415, "unsupported_media_type",
                                     "Content-Type must be application/x-protobuf or application/json")
                 encoding = self.headers.get("Content-Encoding") or ""
-                body = decompress(raw, encoding, settings.max_decompressed_bytes, settings.max_decompression_ratio)
+                body = decompress(raw, encoding, settings.max_decompressed_bytes, settings.max_decompression_ratio,
+                                  lease)
                 result = bridge.ingest(signal, body, json_body=json_body, transport="http",
                                        raw=_Raw(path, raw, self.headers.get("Content-Type") or "", encoding))
             except HttpError as exc:
-                self._fail(exc.code, exc.reason, exc.message, close=exc.close)
+                lease.close()  # (what a refused body inflated to is already freed: see decompress)
+                self._fail(exc.code, exc.reason, exc.message, exc.headers, close=exc.close)
                 return
             except DecodeError as exc:
                 self._fail(400, "malformed", str(exc))
@@ -394,6 +456,7 @@ class _Handler(BaseHTTPRequestHandler):
             body_out, ctype = _success_body(signal, self._media, result.rejected, result.error_message)
             self._send(200, body_out, ctype)
         finally:
+            lease.close()
             bridge.leave()
 
     def _method_not_allowed(self) -> None:

@@ -98,9 +98,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="largest request body after decompression (default 64)")
     g.add_argument("--max-decompression-ratio", type=float, default=200.0,
                    help="largest inflate ratio for bodies above 1 MiB decompressed (default 200)")
+    g.add_argument("--decompression-budget-mib", type=float, default=256.0,
+                   help="what all requests together may hold decompressed at once; beyond it a request gets a "
+                        "retryable 503 (default 256; at least --max-decompressed-mib)")
     g.add_argument("--max-connections", type=int, default=256, help="concurrent connections / gRPC calls (default 256)")
     g.add_argument("--idle-timeout", type=float, default=30.0, metavar="SECONDS",
                    help="close a connection idle (or stalled mid-request) this long (default 30)")
+    g.add_argument("--request-timeout", type=float, default=30.0, metavar="SECONDS",
+                   help="a request (line, headers and body) must arrive whole within this time of its first byte; "
+                        "408 and close beyond (default 30)")
     g = p.add_argument_group("operations")
     g.add_argument("--prometheus-port", type=int, default=None,
                    help="serve the bridge's own metrics for Prometheus on this port (0 picks one; off by default)")
@@ -130,6 +136,10 @@ def settings_from_args(args: Any) -> Settings:
             raise ValueError(f"no such file: {path}")
     if args.prometheus_port is not None and not 0 <= args.prometheus_port <= 65535:
         raise ValueError("--prometheus-port must be 0..65535")
+    if args.decompression_budget_mib < args.max_decompressed_mib:
+        raise ValueError("--decompression-budget-mib must be at least --max-decompressed-mib")
+    if not args.request_timeout > 0:
+        raise ValueError("--request-timeout must be a positive number of seconds")
     names = tuple(n.strip() for n in args.exporters.split(",") if n.strip())
     if not names:
         raise ValueError("--exporters is empty")
@@ -149,8 +159,10 @@ def settings_from_args(args: Any) -> Settings:
         max_body_bytes=int(args.max_body_mib * MIB),
         max_decompressed_bytes=int(args.max_decompressed_mib * MIB),
         max_decompression_ratio=args.max_decompression_ratio,
+        decompression_budget_bytes=int(args.decompression_budget_mib * MIB),
         max_connections=args.max_connections,
         idle_timeout_s=args.idle_timeout,
+        request_timeout_s=args.request_timeout,
         queue_size=args.queue_size,
         batch_delay_s=args.batch_delay,
         grpc_workers=args.grpc_workers,

@@ -41,6 +41,7 @@ from .._values import warn_once
 from ..exporters.base import Exporter
 from ..records import Generations, RunIdentity, RunStart, StepMetrics, Trajectory
 from . import decode as _decode
+from ._inflate import Budget
 
 _log = logging.getLogger("otel_rl.bridge")
 
@@ -79,8 +80,10 @@ class Settings:
     max_body_bytes: int = 20 * MIB
     max_decompressed_bytes: int = 64 * MIB
     max_decompression_ratio: float = 200.0
+    decompression_budget_bytes: int = 256 * MIB
     max_connections: int = 256
     idle_timeout_s: float = 30.0
+    request_timeout_s: float = 30.0
     queue_size: int = 100_000
     batch_delay_s: float = 0.2
     grpc_workers: int = 4
@@ -219,7 +222,7 @@ class Counters:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.requests: dict[tuple[str, str, str, str], int] = {}  # (transport, signal, outcome, reason)
-        self.spans: dict[tuple[str, str], int] = {}  # (transport, outcome) outcome = accepted | rejected
+        self.spans: dict[tuple[str, str, str], int] = {}  # (transport, outcome, reason of a rejection)
         self.points: dict[str, int] = {}  # transport -> metric data points received
         self.bytes: dict[tuple[str, str], int] = {}  # (transport, signal) -> request bytes as received
         self.runs: set[RunIdentity] = set()
@@ -245,12 +248,21 @@ class Counters:
             return {
                 "requests": req,
                 "rejected_by_reason": rejected,
-                "spans_accepted": sum(n for (t, o), n in self.spans.items() if o == "accepted"),
-                "spans_rejected": sum(n for (t, o), n in self.spans.items() if o == "rejected"),
+                "spans_accepted": sum(n for (t, o, r), n in self.spans.items() if o == "accepted"),
+                "spans_rejected": sum(n for (t, o, r), n in self.spans.items() if o == "rejected"),
+                "spans_rejected_by_reason": _by_reason(self.spans),
                 "metric_points": sum(self.points.values()),
                 "bytes": sum(self.bytes.values()),
                 "runs": len(self.runs),
             }
+
+
+def _by_reason(spans: dict[tuple[str, str, str], int]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for (_, outcome, reason), n in spans.items():
+        if outcome == "rejected":
+            out[reason] = out.get(reason, 0) + n
+    return out
 
 
 # ----------------------------------------------------------------------------- forwarding
@@ -437,6 +449,7 @@ class Bridge:
             fwd = ForwardExporter(settings.forward_endpoint, settings.forward_headers)
             self.forward = DeliveryQueue(fwd, max(1, settings.forward_queue_mib) << 10)
         self._token = settings.auth_token.encode() if settings.auth_token else None
+        self.inflate_budget = Budget(max(settings.decompression_budget_bytes, settings.max_decompressed_bytes))
         self._busy_at = max(1, int(self.config.queue_size * BUSY_FRACTION))
         self._state_lock = threading.Condition()
         self._inflight = 0
@@ -547,6 +560,7 @@ class Bridge:
     def stats(self) -> dict[str, Any]:
         out = self.counters.snapshot()
         out["pipeline_dropped"] = self.pipeline.dropped
+        out["decompression_peak_bytes"] = self.inflate_budget.peak
         out["exporters"] = {q.name: q.stats.as_dict() for q in self.queues()}
         return out
 
@@ -591,13 +605,13 @@ class Bridge:
                 submit = self.pipeline.submit
                 for span in decoded.spans:
                     submit(span)
-            self.counters.add(self.counters.spans, (transport, "accepted"), len(decoded.spans))
-            self.counters.add(self.counters.spans, (transport, "rejected"), decoded.rejected)
+            self.counters.add(self.counters.spans, (transport, "accepted", ""), len(decoded.spans))
+            for reason, n in decoded.reasons.items():
+                self.counters.add(self.counters.spans, (transport, "rejected", reason), n)
+                warn_once(f"bridge-rejected-spans:{reason}", "otel-rl bridge: rejected span(s): %s; the rest of "
+                          "their request was accepted (further ones are counted, not logged)", reason)
             result = IngestResult(len(decoded.spans), decoded.rejected,
                                   decoded.error_message() if decoded.rejected else "")
-            if decoded.rejected:
-                warn_once(f"bridge-rejected-spans:{decoded.error_message()[:60]}",
-                          "otel-rl bridge: rejected spans (%s)", decoded.error_message())
         else:
             summary = _decode.decode_metrics(body, json_body)
             self.counters.add(self.counters.points, transport, summary.points)
@@ -660,8 +674,8 @@ class Bridge:
                                                      "reason": k[3]})],
             unit="{request}", description="OTLP requests, by outcome (accepted/rejected) and rejection reason")
         meter.create_observable_counter(
-            M_SPANS, [obs("spans", lambda k: {"transport": k[0], "outcome": k[1]})], unit="{span}",
-            description="Spans received: accepted into the pipeline, or rejected (invalid ids)")
+            M_SPANS, [obs("spans", lambda k: {"transport": k[0], "outcome": k[1], "reason": k[2]})], unit="{span}",
+            description="Spans received: accepted into the pipeline, or rejected (invalid ids, wrong rl.* types)")
         meter.create_observable_counter(M_METRIC_POINTS, [obs("points", lambda k: {"transport": k})],
                                         unit="{point}", description="Metric data points received (counted, forwarded)")
         meter.create_observable_counter(M_BYTES, [obs("bytes", lambda k: {"transport": k[0], "signal": k[1]})],

@@ -17,8 +17,9 @@ Two wire encodings:
   proto3 form and the rest is parsed by ``google.protobuf.json_format``.
 
 A span that cannot be represented (a trace id that is not 16 bytes, a span id that is not 8,
-an all-zero id) is rejected on its own and counted, as OTLP's ``partial_success`` allows; a body
-that does not parse at all raises `DecodeError` with a short reason for the client.
+an all-zero id) or whose ``rl.*`` attributes have the wrong type or shape for its records
+(`otel_rl.bridge.validate`) is rejected on its own and counted, as OTLP's ``partial_success``
+allows; a body that does not parse at all raises `DecodeError` with a short reason for the client.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.util import BoundedList
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
+
+from .validate import resource_problem, span_problem
 
 __all__ = [
     "DecodeError",
@@ -241,7 +244,12 @@ def spans_from_request(req: Any, out: DecodedTraces | None = None, cache: _Cache
     for rs in req.resource_spans:
         resource = cache.resource(rs)
         out.resources.append(resource)
+        bad_resource = resource_problem(resource.attributes)
         for ss in rs.scope_spans:
+            if bad_resource:
+                for _ in ss.spans:
+                    out.reject(bad_resource)
+                continue
             scope = cache.scope(ss)
             for s in ss.spans:
                 tid = s.trace_id
@@ -287,6 +295,11 @@ def spans_from_request(req: Any, out: DecodedTraces | None = None, cache: _Cache
                                              e.time_unix_nano) for e in s.events], s.dropped_events_count)
                 elif s.dropped_events_count:
                     events = _bounded([], s.dropped_events_count)
+                attrs = attributes(s.attributes)
+                why = span_problem(s.name, attrs, bool(psid))
+                if why:
+                    out.reject(why)
+                    continue
                 st = s.status
                 code = st.code
                 if code == 2:
@@ -300,7 +313,7 @@ def spans_from_request(req: Any, out: DecodedTraces | None = None, cache: _Cache
                     context=ctx,
                     parent=parent,
                     resource=resource,
-                    attributes=_with_dropped(attributes(s.attributes), s.dropped_attributes_count),
+                    attributes=_with_dropped(attrs, s.dropped_attributes_count),
                     events=events,
                     links=links,
                     kind=_KINDS.get(s.kind, SpanKind.INTERNAL),

@@ -11,6 +11,7 @@ import datetime
 import gzip
 import http.client
 import json
+import socket
 import ssl
 import threading
 import time
@@ -234,12 +235,11 @@ def test_wrong_methods(bridge):
 
 
 def test_keep_alive_survives_refusals(bridge):
-    """A refused request whose body fits is read and dropped: the connection stays usable."""
+    """An authenticated request refused with a body that fits is read and dropped: the connection stays usable."""
     host, port = bridge.http.rsplit(":", 1)
     conn = http.client.HTTPConnection(host, int(port), timeout=30)
     try:
-        for i, (body, headers, code) in enumerate([(b"x", {"Content-Type": "application/x-protobuf"}, 401),
-                                                   (b"garbage", PB, 400), (b"hi", {**AUTH, "Content-Type": "a/b"}, 415),
+        for i, (body, headers, code) in enumerate([(b"garbage", PB, 400), (b"hi", {**AUTH, "Content-Type": "a/b"}, 415),
                                                    (proto_body("ka", [4000]), PB, 200)]):
             conn.request("POST", "/v1/traces", body=body, headers=headers)
             r = conn.getresponse()
@@ -249,6 +249,26 @@ def test_keep_alive_survives_refusals(bridge):
         assert conn.sock is not None  # the same socket all along
     finally:
         conn.close()
+
+
+def test_without_the_token_the_body_is_never_read(bridge):
+    """401 comes as soon as the headers are in, before any byte of the announced body is sent, and the
+    connection closes: an unauthenticated client cannot make the bridge read (or inflate) anything."""
+    host, port = bridge.http.rsplit(":", 1)
+    for auth in ({}, {"Authorization": "Bearer wrong"}):
+        with socket.create_connection((host, int(port)), timeout=10) as s:
+            head = {"Content-Type": "application/x-protobuf", "Content-Encoding": "gzip", "Content-Length": str(900 << 10),
+                    **auth}
+            s.sendall(b"POST /v1/traces HTTP/1.1\r\nHost: x\r\n"
+                      + b"".join(f"{k}: {v}\r\n".encode() for k, v in head.items()) + b"\r\n")
+            s.settimeout(5)  # far below the idle timeout: the answer does not wait for the body
+            answer = b""
+            while b"\r\n\r\n" not in answer:
+                chunk = s.recv(4096)
+                assert chunk, answer
+                answer += chunk
+            assert answer.startswith(b"HTTP/1.1 401 "), answer[:80]
+            assert b"\r\nConnection: close\r\n" in answer
 
 
 # ----------------------------------------------------------------------------- gRPC
