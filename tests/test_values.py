@@ -228,7 +228,7 @@ def test_log_with_only_bad_values_records_nothing(capture):
     assert cap.step_metrics() == []
 
 
-@pytest.mark.parametrize("bad_step", ["x", "3", 2.5, float("nan"), float("inf"), [1], object()])
+@pytest.mark.parametrize("bad_step", ["x", "3.0", "", 2.5, float("nan"), float("inf"), [1], object()])
 def test_bad_step_falls_back_with_warning(capture, caplog, bad_step):
     cap, h = capture
     _values._warned_keys.discard(f"bad-step:{type(bad_step).__name__}")  # warn-once is per process
