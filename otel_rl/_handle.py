@@ -445,6 +445,10 @@ def _maybe_set_global(cfg: Config) -> None:
         trace_api.set_tracer_provider(_forwarding)
 
 
+#: captures (`otel_rl.testing.CaptureExporter`) that every pipeline started joins: the test kit's fixture
+joining: list[Any] = []
+
+
 def init(config: Any = None, *, overrides: Sequence[str] | None = None, tokenizer: Any = None,
          exporters: Any = None, **kwargs: Any) -> Handle:
     """Start otel-rl.  Precedence: keyword arguments > `config` (+ `overrides`) > environment > defaults.
@@ -467,12 +471,16 @@ def init(config: Any = None, *, overrides: Sequence[str] | None = None, tokenize
         elif given:
             kwargs["exporters"] = []
     cfg = resolve(config, overrides, **kwargs)
+    given += [cap.joining() for cap in joining if cap not in given]
     built = _build_exporters(cfg, given)  # raises for unknown names before anything starts
     with _init_lock:
         if RT.handle is not None:
-            _log.warning("otel-rl: init() called again; shutting down the previous pipeline")
+            if not getattr(RT.handle, "replaced_quietly", False):
+                _log.warning("otel-rl: init() called again; shutting down the previous pipeline")
             RT.handle.shutdown()
         handle = Handle(cfg, built, tokenizer)
+        for cap in joining:
+            cap.handle = handle
         global forked_from
         forked_from = None
         RT.handle = handle

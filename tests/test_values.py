@@ -216,9 +216,9 @@ def test_log_junk_never_raises_and_warns_once_per_key(capture, caplog):
     per_key = {k: sum(1 for m in _warnings(caplog) if repr(k) in m) for k in bad}
     assert per_key == {k: 1 for k in bad}, per_key
     assert cap.metrics_by_step()[4] == {"loss": 0.5, "acc": 0.75, "loss2": 1}
-    # three identical calls give three records, all with only the good keys
+    # three identical calls give three records, all with only the good keys; log({}) is an empty record
     recs = [m for m in cap.step_metrics() if m.step == 4]
-    assert [list(m.values) for m in recs] == [["loss", "acc"]] * 3 + [["loss2"]]
+    assert [list(m.values) for m in recs] == [["loss", "acc"]] * 3 + [[], ["loss2"]]
 
 
 def test_log_with_only_bad_values_records_nothing(capture):
