@@ -255,7 +255,10 @@ def _undelivered(handle: Any, name: str) -> int:
 def mlflow_trace_hints() -> list[str]:
     """Where to find a step's traces in the MLflow UI and from Python (docs/demo.md)."""
     return [
-        "    traces: Traces tab, search  tags.step = '3'  (also tags.validate = 'True', tags.sample_index = '0')",
+        "    a step's traces in the UI: the experiment's Traces page, Filters (the funnel button): Field 'Tag', "
+        "key 'step', '=', value '3', Apply filters",
+        "      (the search box there looks in trace ids, inputs and outputs, not in tags; other tags: validate = True, "
+        "sample_index = 0, rollout_n = 2)",
         "    python: mlflow.search_traces(locations=[experiment_id], filter_string=\"tags.step = '3'\")",
     ]
 
