@@ -543,3 +543,23 @@ def test_cli_exporters_lists_builtins():
     for name in ("console", "file", "otlp", "prometheus"):
         assert name in names
     assert names == sorted(names)
+
+
+@pytest.mark.parametrize("override, suggestion", [
+    ("trainer.loger=console", "'trainer.logger'"),
+    ("trainer.project_nme=x", "'trainer.project_name'"),
+    ("actor_rollout_ref.rollout.trace.backnd=mlflow", "'actor_rollout_ref.rollout.trace.backend'"),
+    ("otel_rl.jsonl_pth=x", "'otel_rl.jsonl_path'"),
+])
+def test_override_typo_in_owned_section_fails_with_the_closest_key(override, suggestion):
+    with pytest.raises(ConfigError) as info:
+        otel_rl.init([override])
+    assert suggestion in str(info.value)
+    assert otel_rl.current() is None
+
+
+def test_plus_adds_a_key_on_purpose_and_verl_config_objects_pass_as_they_are():
+    cfg = resolve(["+trainer.loger=console", "trainer.total_epochs=3", "data.anything=1"], env=NO_ENV)
+    assert cfg.verl_config["trainer"]["loger"] == "console" and cfg.exporters == ("console",)
+    whole = {"trainer": {"project_name": "p", "my_own_key": 1, "loger": "x"}, "data": {"x": 1}}
+    assert resolve(whole, env=NO_ENV).project == "p"
