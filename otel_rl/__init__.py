@@ -14,6 +14,7 @@ Instrument a trainer once::
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from ._handle import Handle, __version__, current, init
@@ -27,9 +28,16 @@ def log(data: Any, step: Any = None) -> None:
     """`Handle.log` on the current pipeline (a warning, once, when there is none)."""
     h = current()
     if h is None:
+        from . import _handle
         from ._values import warn_once
 
-        warn_once("log-no-init", "otel-rl: log() called before otel_rl.init(); nothing recorded")
+        if _handle.forked_from is not None:
+            warn_once("log-forked-child", "otel-rl: log() in a forked child process (pid %d, forked from %d, whose "
+                      "otel-rl pipeline does not run in a child): nothing recorded here. Call otel_rl.init() in "
+                      "the child (with the parent's Handle.worker_env() in its environment to join the same run), or "
+                      "log from the parent", os.getpid(), _handle.forked_from)
+        else:
+            warn_once("log-no-init", "otel-rl: log() called before otel_rl.init(); nothing recorded")
         return
     h.log(data, step)
 

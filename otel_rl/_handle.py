@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import re
 import sys
 import threading
 import time
@@ -56,6 +57,13 @@ class Handle:
             stubs = iter(self._sidecar.exporters)
             exporters = [next(stubs) if isinstance(x, tuple) else x for x in exporters]
         self.exporters = exporters
+        # a trace backend that is not in the logger list gets the trajectories only (as in verl), not the
+        # metrics nor the generations: `_record_targets` names the exporters that get them (None: all)
+        self._trace_only: set[str] = set()
+        if config.trace_backend and config.trace_backend not in config.exporters:
+            self._trace_only.add(config.trace_backend)
+        self._record_targets: frozenset[str] | None = None
+        self._update_record_targets()
         self._closed = False
         self._lock = threading.Lock()
         self._last_step = 0
@@ -98,6 +106,11 @@ class Handle:
         self.sampler = Sampler(cfg.run_id, cfg.max_samples)
         self.tokenizer = tokenizer
         self._emit_run_start()
+
+    def _update_record_targets(self) -> None:
+        only = self._trace_only & {e.name for e in self.exporters}
+        self._record_targets = (frozenset(e.name for e in self.exporters if e.name not in only)
+                                if only else None)
 
     def _export_process_died(self, client: SidecarClient, unsettled: list) -> None:
         """The export process ended unexpectedly: its exporters continue here, in-process, and get
@@ -142,11 +155,13 @@ class Handle:
         """Record `data` (metric name -> scalar) at training step `step`.
 
         Never raises for bad values: non-scalars are skipped with one warning per
-        key; a step that is not an integer is replaced by the current step (or
-        the last one logged) with a warning; a step outside the signed 64-bit
-        range (which no tracker stores) rejects the call, with a warning naming
-        it.  `exporters` (names) restricts the record to those exporters, as
-        verl's ``Tracking.log(..., backend=...)``.
+        key; a step given as a string of digits (``"7"``) is that integer; any other
+        step that is not an integer is replaced by the current step (or the last one
+        logged) with a warning; a step outside the signed 64-bit range (which no
+        tracker stores) rejects the call, with a warning naming it.  An empty `data`
+        is recorded too (verl's ``step:N``); a call whose values were all skipped
+        records nothing.  `exporters` (names) restricts the record to those
+        exporters, as verl's ``Tracking.log(..., backend=...)``.
         """
         if self._closed:
             warn_once("log-after-shutdown", "otel-rl: log() after shutdown; nothing recorded")
@@ -164,8 +179,11 @@ class Handle:
             v = data.get(k) if hasattr(data, "get") else None
             warn_once(f"skip:{k}", "otel-rl: metric %r has a non-scalar value of type %s; skipped "
                       "(log numbers, numpy scalars or 0-d tensors)", k, type(v).__name__)
-        if not values:
-            return
+        if not values and skipped:
+            return  # every value was skipped (warned): nothing to record
+        # an empty call is recorded: verl prints ``step:N`` and writes ``{"step":N,"data":{}}`` for it
+        if exporters is None:
+            exporters = self._record_targets
         self._pipeline.submit(LogItem(n, values, time.time_ns(), st.span_context if st is not None else None,
                                       None if exporters is None else frozenset(exporters)))
 
@@ -174,10 +192,14 @@ class Handle:
             n = st.n if st is not None else self._last_step
         else:
             try:
+                if isinstance(step, (str, bytes)):  # "7": the integer it spells (decimal digits, a sign)
+                    text = step.decode("ascii") if isinstance(step, bytes) else step
+                    if not re.fullmatch(r"\s*[+-]?[0-9]+\s*", text):
+                        raise ValueError
                 n = int(step)
-                if isinstance(step, float) and n != step or isinstance(step, (str, bytes)):
+                if isinstance(step, float) and n != step:
                     raise ValueError
-            except (TypeError, ValueError, OverflowError):  # OverflowError: step=inf
+            except (TypeError, ValueError, OverflowError, UnicodeDecodeError):  # OverflowError: step=inf
                 fallback = st.n if st is not None else self._last_step
                 warn_once(f"bad-step:{type(step).__name__}", "otel-rl: step %r is not an integer; using step %d",
                           step, fallback)
@@ -215,12 +237,14 @@ class Handle:
             except (TypeError, ValueError):
                 score_f = float("nan")
             rows.append(("" if inp is None else str(inp), "" if out is None else str(out), score_f))
+        if exporters is None:
+            exporters = self._record_targets
         if rows:
             self._pipeline.submit(GenerationsItem(n, rows, time.time_ns(),
                                                   None if exporters is None else frozenset(exporters)))
 
     # -- changing a running pipeline ---------------------------------------------------------
-    def add_exporter(self, exporter: str | Exporter) -> Exporter:
+    def add_exporter(self, exporter: str | Exporter, *, trace_only: bool = False) -> Exporter:
         """Add an exporter (a registered name or an instance) to this running pipeline.
 
         A name that is already there returns the existing exporter.  The new one gets
@@ -233,8 +257,11 @@ class Handle:
         with self._lock:
             if isinstance(exporter, str):
                 name = "wandb" if exporter == "tracking" else exporter
+                if not trace_only:
+                    self._trace_only.discard(name)
                 for e in self.exporters:
                     if e.name == name:
+                        self._update_record_targets()
                         return e
                 exporter = registry.create(name, self.config)
             elif not exporter.name:
@@ -243,6 +270,9 @@ class Handle:
                 warn_once(f"late-readers:{exporter.name}", "otel-rl: exporter %r added to a running pipeline gets "
                           "no OpenTelemetry metrics (give it to init() for those)", exporter.name)
             self.exporters = self.exporters + [exporter]
+            if trace_only:
+                self._trace_only.add(exporter.name)
+            self._update_record_targets()
             self._pipeline.add_exporter(exporter, [self._run_start_record()])
             self._update_tracing()
         return exporter
@@ -259,7 +289,8 @@ class Handle:
             existing = next((e for e in self.exporters if e.name == trace_backend), None)
             if existing is None:
                 try:
-                    self.add_exporter(trace_backend)  # created with the new setting: it takes trajectories
+                    # created with the new setting: it takes trajectories (only those, as in verl)
+                    self.add_exporter(trace_backend, trace_only=True)
                 except Exception:
                     self.config.trace_backend = previous
                     raise
@@ -425,6 +456,16 @@ def _build_exporters(cfg: Config, given: Sequence[Exporter]) -> list[Any]:
         if canonical in seen:
             continue
         seen.add(canonical)
+        if name == cfg.trace_backend and name not in cfg.exporters:
+            # a rollout-trace backend otel-rl cannot serve (verl's trackio, a typo, a library not
+            # installed) must not stop the metrics: warned, and rollouts are not traced
+            try:
+                registry.out_of_process_class(canonical)
+            except registry.UnknownExporterError as exc:
+                warn_once(f"trace-backend:{name}", "otel-rl: rollout trace backend %r cannot be used (%s); "
+                          "training goes on without rollout traces", name, exc)
+                cfg.trace_backend = None
+                continue
         cls = registry.out_of_process_class(canonical) if mode != "false" else None
         if cls is not None and mode == "auto":
             # auto: out of process unless the training process already uses the tracker's library
@@ -469,6 +510,10 @@ def _maybe_set_global(cfg: Config) -> None:
         trace_api.set_tracer_provider(_forwarding)
 
 
+#: captures (`otel_rl.testing.CaptureExporter`) that every pipeline started joins: the test kit's fixture
+joining: list[Any] = []
+
+
 def init(config: Any = None, *, overrides: Sequence[str] | None = None, tokenizer: Any = None,
          exporters: Any = None, **kwargs: Any) -> Handle:
     """Start otel-rl.  Precedence: keyword arguments > `config` (+ `overrides`) > environment > defaults.
@@ -491,15 +536,21 @@ def init(config: Any = None, *, overrides: Sequence[str] | None = None, tokenize
         elif given:
             kwargs["exporters"] = []
     cfg = resolve(config, overrides, **kwargs)
+    given += [cap.joining() for cap in joining if cap not in given]
     # the user's own OpenTelemetry pipeline: a global SDK provider set before init(), not one that a
     # tracker library sets while its exporter starts (_processors); never in the export process
     global_providers = global_sdk_providers() if os.environ.get(_IN_EXPORT_PROCESS) != "1" else (None, None)
     built = _build_exporters(cfg, given)  # raises for unknown names before anything starts
     with _init_lock:
         if RT.handle is not None:
-            _log.warning("otel-rl: init() called again; shutting down the previous pipeline")
+            if not getattr(RT.handle, "replaced_quietly", False):
+                _log.warning("otel-rl: init() called again; shutting down the previous pipeline")
             RT.handle.shutdown()
         handle = Handle(cfg, built, tokenizer, global_providers)
+        for cap in joining:
+            cap.handle = handle
+        global forked_from
+        forked_from = None
         RT.handle = handle
         RT.tracer = handle.tracer
         RT.light = handle.light
@@ -520,9 +571,15 @@ def init(config: Any = None, *, overrides: Sequence[str] | None = None, tokenize
     return handle
 
 
+#: in a forked child of a process whose pipeline was running: the parent's pid (for `otel_rl.log`'s warning)
+forked_from: int | None = None
+
+
 def _after_fork_in_child() -> None:
     # the pipeline's threads do not exist in a forked child: telemetry there is off until it calls init()
+    global forked_from
     if RT.handle is not None:
+        forked_from = os.getppid()
         RT.reset()
         _open_traced.clear()  # the parent's rollouts
         _log.debug("otel-rl: forked child: telemetry off until otel_rl.init() is called in the child")

@@ -42,11 +42,18 @@ def _is_tensor(value: object) -> bool:
 
 
 def _scalar_from_numpy(value: object):
-    """numpy scalar or 0-d array -> python scalar, or None for anything else."""
+    """numpy scalar or 0-d array -> python scalar, or None for anything else.
+
+    A float32 value becomes the float of its shortest decimal text (``np.float32(0.1)`` -> ``0.1``, not
+    ``0.10000000149011612``): the number verl's console (numpy 1) and file logger (orjson) write for it,
+    and the same float32 when converted back."""
     shape = getattr(value, "shape", None)
     if shape is None or shape != ():
         return None
     try:
+        dtype = getattr(value, "dtype", None)
+        if dtype is not None and dtype.kind == "f" and dtype.itemsize == 4:
+            return float(str(value[()]))  # type: ignore[index]
         item = value.item()  # type: ignore[attr-defined]
     except Exception:
         return None

@@ -14,6 +14,9 @@ from .exporters import registry
 
 # Subcommands that live in their own modules: name -> (module, help). Each module has
 # `add_arguments(parser)` and `run(args) -> int`; it is imported only when its command runs.
+# The extra of the otel-rl distribution that installs what a subcommand needs.
+EXTRAS: dict[str, str] = {"demo": "demo", "bridge": "bridge"}
+
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("otel_rl.demo.cli", "train a small agentic GRPO policy on CPU, fully instrumented"),
     "bridge": ("otel_rl.bridge.cli", "receive OTLP and deliver it to the tracker exporters"),
@@ -32,6 +35,7 @@ def _available(module: str) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="otel-rl", description="OpenTelemetry observability for RL training")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="cmd")
     modules = {}
     for name, (module, help_text) in COMMANDS.items():
@@ -42,18 +46,25 @@ def main(argv: list[str] | None = None) -> int:
             mod.add_arguments(sub.add_parser(name, help=help_text))
             modules[name] = mod
     sub.add_parser("version", help="print the version")
-    sub.add_parser("exporters", help="list the installed exporter names")
+    sub.add_parser("exporters", help="list the installed exporter names (those that cannot be used say why)")
     p_cfg = sub.add_parser("config", help="print the resolved configuration (arguments > config > env > defaults)")
     p_cfg.add_argument("overrides", nargs="*", help="verl-style dotlist overrides, e.g. trainer.logger='[console,file]'")
     args = parser.parse_args(argv)
     if args.cmd in modules:
-        return int(modules[args.cmd].run(args) or 0)
+        try:
+            return int(modules[args.cmd].run(args) or 0)
+        except ModuleNotFoundError as exc:  # a package the command needs is not installed: say which extra
+            extra = EXTRAS.get(args.cmd)
+            fix = f"pip install 'otel-rl[{extra}]'" if extra else f"pip install {exc.name or ''}".strip()
+            print(f"otel-rl {args.cmd}: needs the package {exc.name!r}, which is not installed: {fix}", file=sys.stderr)
+            return 2
     if args.cmd == "version":
         print(__version__)
         return 0
     if args.cmd == "exporters":
         for name in registry.installed_names():
-            print(name)
+            why = registry.unusable(name)
+            print(name if why is None else f"{name}  (not usable: {why})")
         return 0
     if args.cmd == "config":
         try:

@@ -49,6 +49,37 @@ def _is_secret_key(key: str) -> bool:
 
 REDACTED = "***"
 
+# Credentials inside a value: the userinfo of a URL (``https://user:pw@host``, ``s3://key:secret@bucket``)
+# and query parameters named like a secret (``?token=``, ``&sig=``, ``X-Amz-Signature=``).
+_URL_USERINFO_RE = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)([^/?#\s]+)@")
+_QUERY_PARAM_RE = re.compile(r"([?&;])([^=&;#\s]+)=([^&;#\s]*)")
+_SECRET_PARAM_RE = re.compile(r"(?:^|_)(sig|signature|key|keys|credential|sas|security_token|session_token|code)$")
+
+
+def _is_secret_param(name: str) -> bool:
+    if _is_secret_key(name):
+        return True
+    words = re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
+    return _SECRET_PARAM_RE.search(words) is not None
+
+
+def _redact_param(m: re.Match) -> str:
+    if m.group(3) and _is_secret_param(m.group(2)):
+        return f"{m.group(1)}{m.group(2)}={REDACTED}"
+    return m.group(0)
+
+
+def redact_text(text: str) -> str:
+    """`text` with credentials inside URL-shaped parts replaced by '***': the userinfo
+    (``http://***@host``) and the values of query parameters named like a secret."""
+    if "@" not in text and "=" not in text:
+        return text
+    if "://" in text:
+        text = _URL_USERINFO_RE.sub(lambda m: f"{m.group(1)}{REDACTED}@", text)
+    if "=" in text and ("?" in text or "&" in text or ";" in text):
+        text = _QUERY_PARAM_RE.sub(_redact_param, text)
+    return text
+
 
 @dataclasses.dataclass
 class Config:
@@ -242,8 +273,61 @@ def _split_top(body: str) -> list[str]:
     return [p.strip() for p in parts]
 
 
-def apply_dotlist(base: Mapping[str, Any] | None, overrides: Sequence[str]) -> dict[str, Any]:
-    """Apply verl/Hydra-style overrides (``a.b=v``, ``+a.b=v``, ``++a.b=v``, ``~a.b``)."""
+# Sections whose keys otel-rl knows, for checking dotlist overrides (`apply_dotlist`): the keys it reads
+# and the other keys verl's own config has there (verl 0.9.1, plus older verl's ``trainer.wandb_proxy``).
+OWNED_SECTIONS: dict[str, frozenset[str]] = {
+    "trainer": frozenset({
+        "project_name", "experiment_name", "logger", "log_val_generations", "balance_batch",
+        "checkpoint_callback_class", "critic_warmup", "default_hdfs_dir", "default_local_dir",
+        "del_local_ckpt_after_load", "device", "esi_redundant_time", "max_actor_ckpt_to_keep",
+        "max_critic_ckpt_to_keep", "n_gpus_per_node", "nnodes", "ray_wait_register_center_timeout",
+        "resume_from_path", "resume_mode", "rollout_data_dir", "save_freq", "test_freq", "total_epochs",
+        "total_training_steps", "use_v1", "v1", "val_before_train", "val_only", "validation_data_dir",
+        "wandb_proxy", "profile_steps", "controller_nsight_options", "worker_nsight_options",
+        "use_legacy_worker_impl"}),
+    "actor_rollout_ref.rollout.trace": frozenset({
+        "backend", "token2text", "max_samples_per_step_per_worker", "max_samples", "project_name",
+        "experiment_name", "_target_"}),
+}
+
+
+def _check_key(cfg: Mapping[str, Any], key: str, item: str, strict: str) -> None:
+    """Raise for an override of a key nobody knows (Hydra's rule): `strict` "owned" checks the sections
+    otel-rl owns (`OWNED_SECTIONS`, ``otel_rl.``); "all" checks every key against the config given."""
+    import difflib
+
+    if _get_path(cfg, key)[0]:
+        return
+    section, _, leaf = key.rpartition(".")
+    if section == "otel_rl":
+        known: Sequence[str] | None = sorted(k for k in _FIELDS if k != "verl_config")
+    elif section in OWNED_SECTIONS:
+        known = sorted(OWNED_SECTIONS[section])
+    elif strict == "all" or key.partition(".")[0] == "otel_rl":
+        found, node = _get_path(cfg, section) if section else (True, cfg)
+        known = sorted(node) if found and isinstance(node, Mapping) else None
+        if known is None and section:
+            known = []
+    else:
+        return
+    if known is not None and leaf in known:
+        return
+    close = difflib.get_close_matches(leaf, known or [], n=1, cutoff=0.6)
+    hint = f" Did you mean {(section + '.' if section else '') + close[0]!r}?" if close else ""
+    if section == "otel_rl":
+        hint = hint or f" Known: {', '.join(known or [])}."
+        raise ConfigError(f"unknown setting {key!r} in override {item!r}.{hint}")
+    raise ConfigError(f"unknown config key {key!r} in override {item!r}.{hint} To add a new key on purpose, "
+                      f"write +{item}")
+
+
+def apply_dotlist(base: Mapping[str, Any] | None, overrides: Sequence[str], strict: str | None = None) -> dict[str, Any]:
+    """Apply verl/Hydra-style overrides (``a.b=v``, ``+a.b=v``, ``++a.b=v``, ``~a.b``).
+
+    `strict` ``"owned"``: an override without ``+`` of a key that is not in `base` and is unknown in a
+    section otel-rl owns (`OWNED_SECTIONS`, ``otel_rl.``) raises `ConfigError` naming the closest known key;
+    ``"all"``: every key must be in `base` (or be an ``otel_rl.`` setting).  ``+key=value`` adds a key on purpose.
+    """
     cfg = _to_plain(base) if base is not None else {}
     for item in overrides:
         if not isinstance(item, str):
@@ -260,6 +344,8 @@ def apply_dotlist(base: Mapping[str, Any] | None, overrides: Sequence[str]) -> d
             raise ConfigError(f"cannot parse override {item!r}: expected key=value")
         if not re.fullmatch(r"[A-Za-z0-9_\-]+(\.[A-Za-z0-9_\-]+)*", key):
             raise ConfigError(f"cannot parse override {item!r}: bad key {key!r}")
+        if strict and not item.startswith("+"):
+            _check_key(cfg, key, item, strict)
         node = cfg
         parts = key.split(".")
         for p in parts[:-1]:
@@ -507,7 +593,7 @@ def resolve(
     if not isinstance(plain, dict):
         raise ConfigError(f"config must be a mapping or a list of overrides, got {type(config).__name__}")
     if overrides:
-        plain = apply_dotlist(plain, overrides)
+        plain = apply_dotlist(plain, overrides, strict="owned")
 
     values: dict[str, Any] = {}
     values.update(_from_env(env))
@@ -530,11 +616,14 @@ def resolve(
 
 
 def scrub_secrets(obj: Any) -> Any:
-    """Copy of a config with values of secret-looking keys replaced by '***' (None stays None)."""
+    """Copy of a config with values of secret-looking keys replaced by '***' (None stays None), and
+    credentials inside every string value redacted (`redact_text`: URL userinfo, secret query parameters)."""
     if isinstance(obj, Mapping):
         return {k: (REDACTED if isinstance(k, str) and _is_secret_key(k) and v is not None and not isinstance(v, Mapping)
                     else scrub_secrets(v))
                 for k, v in obj.items()}
-    if isinstance(obj, list):
+    if isinstance(obj, (list, tuple)):
         return [scrub_secrets(v) for v in obj]
+    if isinstance(obj, str):
+        return redact_text(obj)
     return obj

@@ -10,6 +10,10 @@ As a pytest plugin (installed with otel-rl) it offers the fixture
         t = cap.trajectories(step=1, sample_index=0)[0]
         assert [n.name for n in t.root.children] == ["MyAgent.generate"]
 
+The fixture also captures from an ``otel_rl.init()`` made by the code under test (a trainer
+that starts its own pipeline, as the README teaches): while the fixture is active, every
+pipeline started joins it (`CaptureExporter.joining`), next to the exporters that code asks for.
+
 Without pytest: ``cap = CaptureExporter(); otel_rl.init(exporters=[cap])``.
 """
 
@@ -37,6 +41,16 @@ class CaptureExporter(Exporter):
         self.spans: list[Any] = []
         self.metric_reader = InMemoryMetricReader()
         self.handle: Any = None
+        self._readers = [self.metric_reader]
+
+    def joining(self) -> CaptureExporter:
+        """A new exporter that adds to this capture's records and spans, for another pipeline (a metric
+        reader serves one meter provider: it has its own, which `metric_points` reads too)."""
+        other = CaptureExporter()
+        other._lock, other.records, other.spans = self._lock, self.records, self.spans
+        other.name = self.name or "memory"
+        self._readers.append(other.metric_reader)
+        return other
 
     # exporter side
     def export_records(self, records: Sequence[Any]) -> None:
@@ -56,6 +70,8 @@ class CaptureExporter(Exporter):
         from ._runtime import RT
 
         h = self.handle or RT.handle
+        if h is not None and h.closed and RT.handle is not None:
+            h = RT.handle
         if h is not None and not h.closed:
             h.flush(timeout_s)
         return self
@@ -103,15 +119,19 @@ class CaptureExporter(Exporter):
 
     def metric_points(self, name: str) -> list[Any]:
         """Data points of one OTel instrument (e.g. ``rl.train.actor/pg_loss``)."""
-        data = self.metric_reader.get_metrics_data()
         out = []
-        if data is None:
-            return out
-        for rm in data.resource_metrics:
-            for sm in rm.scope_metrics:
-                for m in sm.metrics:
-                    if m.name == name:
-                        out.extend(m.data.data_points)
+        for reader in self._readers:
+            try:
+                data = reader.get_metrics_data()
+            except Exception:  # the reader of a pipeline that is shut down
+                data = None
+            if data is None:
+                continue
+            for rm in data.resource_metrics:
+                for sm in rm.scope_metrics:
+                    for m in sm.metrics:
+                        if m.name == name:
+                            out.extend(m.data.data_points)
         return out
 
     def clear(self) -> None:
@@ -131,13 +151,20 @@ if pytest is not None:
 
     @pytest.fixture
     def otel_rl_capture() -> Iterator[CaptureExporter]:
-        """A running otel-rl pipeline capturing everything in memory (shut down afterwards)."""
-        from ._handle import init
+        """A running otel-rl pipeline capturing everything in memory (shut down afterwards).
+
+        An ``otel_rl.init()`` made by the code under test starts a pipeline that this capture joins."""
+        from . import _handle
 
         cap = CaptureExporter()
-        handle = init(exporters=[cap], tracing=True, batch_delay_s=0.05)
+        handle = _handle.init(exporters=[cap], tracing=True, batch_delay_s=0.05)
+        handle.replaced_quietly = True
         cap.handle = handle
+        _handle.joining.append(cap)
         try:
             yield cap
         finally:
+            _handle.joining.remove(cap)
             handle.shutdown()
+            if cap.handle is not None and cap.handle is not handle:
+                cap.handle.shutdown()  # a pipeline the code under test left running

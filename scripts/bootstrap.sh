@@ -23,6 +23,12 @@ if [ "${1:-}" = "--test" ]; then
   # the light packages `import verl` needs; and Ray for the distributed tests
   "${PIP[@]}" --no-deps "verl==0.9.1" "tensordict==0.10.0" "pyvers<0.2"
   "${PIP[@]}" "transformers>=5.5.3,<5.11,!=5.6.0" "ray==2.60.0" msgpack
+  # headless Chromium for the browser tests of web UIs (tests/ui)
+  if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
+    SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+    $SUDO apt-get update -qq && $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null \
+      || echo "warning: could not install chromium" >&2
+  fi
   if ! command -v prometheus >/dev/null 2>&1; then
     if command -v apt-get >/dev/null 2>&1; then
       SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"

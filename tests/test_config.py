@@ -417,7 +417,7 @@ def test_scrub_secrets_leaves_ordinary_keys():
 
 def test_run_config_secrets_scrubbed_in_cli(tmp_path):
     env = clean_env()
-    res = subprocess.run([OTEL_RL_CLI, "config", "trainer.project_name=p", "trainer.wandb_api_key=SECRET1",
+    res = subprocess.run([OTEL_RL_CLI, "config", "trainer.project_name=p", "+trainer.wandb_api_key=SECRET1",
                           "otel_rl.otlp_headers=Authorization=Bearer SECRET2"],
                          capture_output=True, text=True, env=env, timeout=60)
     assert res.returncode == 0, res.stderr
@@ -489,7 +489,7 @@ def test_init_unknown_exporter_lists_installed_names():
 
 def test_init_unknown_exporter_via_config_and_trace_backend():
     with pytest.raises(otel_rl.UnknownExporterError, match="nope"):
-        otel_rl.init(["trainer.logger=[console]", f"{TRACE}.backend=nope"])
+        otel_rl.init(["trainer.logger=[console,nope]"])
     with pytest.raises(otel_rl.UnknownExporterError, match="tensorboard"):
         otel_rl.init(logger="tensorboard")
 
@@ -543,3 +543,23 @@ def test_cli_exporters_lists_builtins():
     for name in ("console", "file", "otlp", "prometheus"):
         assert name in names
     assert names == sorted(names)
+
+
+@pytest.mark.parametrize("override, suggestion", [
+    ("trainer.loger=console", "'trainer.logger'"),
+    ("trainer.project_nme=x", "'trainer.project_name'"),
+    ("actor_rollout_ref.rollout.trace.backnd=mlflow", "'actor_rollout_ref.rollout.trace.backend'"),
+    ("otel_rl.jsonl_pth=x", "'otel_rl.jsonl_path'"),
+])
+def test_override_typo_in_owned_section_fails_with_the_closest_key(override, suggestion):
+    with pytest.raises(ConfigError) as info:
+        otel_rl.init([override])
+    assert suggestion in str(info.value)
+    assert otel_rl.current() is None
+
+
+def test_plus_adds_a_key_on_purpose_and_verl_config_objects_pass_as_they_are():
+    cfg = resolve(["+trainer.loger=console", "trainer.total_epochs=3", "data.anything=1"], env=NO_ENV)
+    assert cfg.verl_config["trainer"]["loger"] == "console" and cfg.exporters == ("console",)
+    whole = {"trainer": {"project_name": "p", "my_own_key": 1, "loger": "x"}, "data": {"x": 1}}
+    assert resolve(whole, env=NO_ENV).project == "p"

@@ -114,3 +114,38 @@ def test_fixture_comes_from_the_plugin(tmp_path):
     assert proc.returncode != 0
     assert "fixture 'otel_rl_capture' not found" in proc.stdout
 
+
+
+def _train_with_own_init(steps: int) -> None:
+    """A trainer as the README teaches it: it starts (and ends) its own pipeline."""
+    with otel_rl.init(["trainer.project_name=own_init", "trainer.logger=[console]"]):
+        for n in range(1, steps + 1):
+            with otel_rl.step(n):
+                with otel_rl.trajectory(sample_index=0):
+                    _plugin_probe(n)
+                otel_rl.log({"actor/pg_loss": 1.0 / n}, step=n)
+
+
+def test_fixture_captures_from_init_inside_code_under_test(otel_rl_capture, capsys):
+    _train_with_own_init(3)
+    cap = otel_rl_capture.collect()
+    assert cap.metric_series("actor/pg_loss") == [(1, 1.0), (2, 0.5), (3, 1 / 3)]
+    assert cap.run_starts()[-1].run.project == "own_init"
+    (t,) = cap.trajectories(step=2, sample_index=0)
+    assert [c.name for c in t.root.children] == ["_plugin_probe"]
+    assert cap.metric_points("rl.train.actor/pg_loss")  # the OTel instruments of that pipeline too
+    assert "step:3 - actor/pg_loss:0.3333333333333333" in capsys.readouterr().out  # its own exporters still run
+
+
+def test_fixture_shuts_down_a_pipeline_left_running_by_the_code(otel_rl_capture):
+    left = otel_rl.init(logger=[])
+    otel_rl.log({"x": 1}, step=1)
+    assert otel_rl_capture.collect().metrics_by_step() == {1: {"x": 1}}
+    _left_running.append(left)
+
+
+_left_running: list = []
+
+
+def test_pipeline_left_running_was_shut_down_after_its_test():
+    assert _left_running and _left_running[-1].closed

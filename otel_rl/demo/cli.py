@@ -14,10 +14,14 @@ import argparse
 import contextlib
 import json
 import os
+import shlex
+import shutil
 import sys
 import time
 from collections.abc import Iterator
 from typing import Any
+
+from otel_rl.config import redact_text
 
 from .config import DEFAULT_OUTPUT_DIR, build_config, get
 
@@ -152,6 +156,13 @@ def run(args: argparse.Namespace) -> int:
     except (otel_rl.ConfigError, ValueError) as exc:
         print(f"otel-rl demo: {exc}", file=sys.stderr)
         return 2
+    from otel_rl.exporters.registry import _importable
+
+    if not _importable("torch"):  # checked before it is imported (below, after init): say what to install
+        print("otel-rl demo: the demo's policy needs torch, which is not installed: pip install 'otel-rl[demo]' "
+              "(or a torch build for your machine, e.g. the CPU one: pip install torch "
+              "--index-url https://download.pytorch.org/whl/cpu)", file=sys.stderr)
+        return 2
     os.makedirs(out, exist_ok=True)
     t0 = time.perf_counter()
     with _environment(env):
@@ -216,12 +227,52 @@ def _prometheus_url(exporter: Any, cfg: dict[str, Any]) -> str:
     return str(url or f"port {get(cfg, 'otel_rl.prometheus_port', 9464)}")
 
 
+def _command(name: str) -> str:
+    """How to run the console script `name` of this installation as typed in this shell: its path next to
+    the running interpreter (a virtual environment that is not activated is not on PATH), relative when
+    it is under the working directory."""
+    here = os.path.join(os.path.dirname(sys.executable), name)
+    if os.path.isfile(here) and os.access(here, os.X_OK):
+        rel = os.path.relpath(here)
+        path = rel if not rel.startswith("..") else here
+        return shlex.quote(path if os.sep in path else "./" + path)
+    found = shutil.which(name)
+    if found:
+        return shlex.quote(found)
+    module = {"otel-rl": "otel_rl.cli"}.get(name, name)
+    return f"{shlex.quote(sys.executable)} -m {module}"
+
+
+def _undelivered(handle: Any, name: str) -> int:
+    """Items of exporter `name` that were not delivered by the end of the run (in its spool)."""
+    try:
+        stats = handle.stats()["exporters"].get(name) or {}
+    except Exception:
+        return 0
+    return int(stats.get("queued", 0) or 0)
+
+
+def mlflow_trace_hints() -> list[str]:
+    """Where to find a step's traces in the MLflow UI and from Python (docs/demo.md)."""
+    return [
+        "    a step's traces in the UI: the experiment's Traces page, Filters (the funnel button): Field 'Tag', "
+        "key 'step', '=', value '3', Apply filters",
+        "      (the search box there looks in trace ids, inputs and outputs, not in tags; other tags: validate = True, "
+        "sample_index = 0, rollout_n = 2)",
+        "    python: mlflow.search_traces(locations=[experiment_id], filter_string=\"tags.step = '3'\")",
+    ]
+
+
 def format_summary(cfg: dict[str, Any], handle: Any, trainer: Any, out: str, timings: dict[str, float]) -> str:
     tr = cfg["trainer"]
     steps, t_train = trainer.total_steps, timings["train_s"]
+    step0_s = getattr(trainer, "step0_s", 0.0)
+    t_grpo = max(t_train - step0_s, 0.0)  # the GRPO steps alone: not the warm-up, not the first validation
     lines = [
         "",
-        f"otel-rl demo: {steps} GRPO steps in {t_train:.1f} s ({steps / max(t_train, 1e-9):.2f} steps/s), "
+        f"otel-rl demo: {steps} GRPO steps in {t_grpo:.1f} s ({steps / max(t_grpo, 1e-9):.2f} steps/s), "
+        f"after a supervised warm-up of {getattr(trainer, 'warmup_s', 0.0):.1f} s and the validation before "
+        f"training ({max(step0_s - getattr(trainer, 'warmup_s', 0.0), 0.0):.1f} s); "
         f"{trainer.trajectories:,} trajectories, a policy of {trainer.num_params:,} parameters; "
         f"setup {timings['setup_s']:.1f} s, telemetry flushed in {timings['flush_s']:.1f} s",
     ]
@@ -243,13 +294,18 @@ def format_summary(cfg: dict[str, Any], handle: Any, trainer: Any, out: str, tim
         elif e.name == "mlflow":
             uri = (os.environ.get("MLFLOW_TRACKING_URI") or getattr(e, "tracking_uri", None)
                    or "sqlite:////tmp/mlruns.db")
-            lines.append(f"  MLflow: {uri}  experiment '{tr['project_name']}', run '{tr['experiment_name']}'")
+            waiting = _undelivered(handle, "mlflow")
+            if waiting:
+                spool = get(cfg, "otel_rl.spool_dir") or os.environ.get("OTEL_RL_SPOOL_DIR") or "the spool"
+                lines.append(f"  MLflow: {redact_text(uri)} could not be reached: {waiting:,} items were not delivered "
+                             f"and wait in the spool {spool}")
+                lines.append(f"    deliver them once MLflow is up: {_command('otel-rl')} replay {shlex.quote(spool)}")
+                continue
+            lines.append(f"  MLflow: {redact_text(uri)}  experiment '{tr['project_name']}', "
+                         f"run '{tr['experiment_name']}'")
             if uri.startswith("sqlite:"):
-                lines.append(f"    mlflow ui --backend-store-uri {uri}")
-            lines.append("    traces: Traces tab, search  tags.step = '3'  (also tags.validate = 'True', "
-                         "tags.sample_index = '0')")
-            lines.append("    python: mlflow.search_traces(locations=[experiment_id], "
-                         "filter_string=\"tags.step = '3'\")")
+                lines.append(f"    {_command('mlflow')} ui --backend-store-uri {shlex.quote(uri)}")
+            lines.extend(mlflow_trace_hints())
         elif e.name in ("wandb", "tracking"):
             mode = os.environ.get("WANDB_MODE", "online")
             where = os.path.join(os.environ.get("WANDB_DIR", "."), "wandb")
@@ -262,7 +318,7 @@ def format_summary(cfg: dict[str, Any], handle: Any, trainer: Any, out: str, tim
             lines.append(f"  swanlab ({mode}): {where}{extra}")
         elif e.name == "otlp":
             ep = get(cfg, "otel_rl.otlp_endpoint") or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "default endpoint")
-            lines.append(f"  OTLP: spans and metrics sent to {ep}")
+            lines.append(f"  OTLP: spans and metrics sent to {redact_text(ep)}")
         elif e.name == "prometheus":
             lines.append(f"  Prometheus: metrics were served at {_prometheus_url(e, cfg)} during the run "
                          "(the endpoint closes with the run)")

@@ -68,8 +68,11 @@ DEFAULT_CONFIG: dict[str, Any] = {
 
 
 def build_config(overrides: Sequence[str] = (), seed: int | None = None) -> dict[str, Any]:
-    """Defaults, then the dotlist overrides (verl/Hydra syntax), then ``--seed``."""
-    cfg = apply_dotlist(copy.deepcopy(DEFAULT_CONFIG), list(overrides))
+    """Defaults, then the dotlist overrides (verl/Hydra syntax), then ``--seed``.
+
+    As in Hydra, an override of a key the default config does not have is an error naming the closest
+    key (``+key=value`` adds one on purpose)."""
+    cfg = apply_dotlist(copy.deepcopy(DEFAULT_CONFIG), list(overrides), strict="all")
     if seed is not None:
         cfg["trainer"]["seed"] = int(seed)
     if not cfg["trainer"].get("experiment_name"):

@@ -21,6 +21,7 @@ import copy
 import gc
 import math
 import random
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -97,6 +98,8 @@ class GRPOTrainer:
         self.trajectories = 0
         self.last_metrics: dict[str, float] = {}
         self.step_timings: list[dict[str, float]] = []  # timing_s/<phase> of each training step
+        self.warmup_s = 0.0  # seconds of the supervised warm-up (`pretrain`)
+        self.step0_s = 0.0  # seconds of step 0: the warm-up and the validation before training
 
     @property
     def num_params(self) -> int:
@@ -125,15 +128,19 @@ class GRPOTrainer:
     def fit(self) -> list[tuple[int, float]]:
         frozen = False
         try:
+            t0 = time.perf_counter()
             with otel_rl.step(0):  # the base policy, and validation before training
                 self.step_blocks += 1
                 metrics: dict[str, float] = {}
                 with otel_rl.timer("pretrain"):
                     metrics.update(self.pretrain())
+                t1 = time.perf_counter()
                 if get(self.cfg, "trainer.val_before_train", True):
                     with otel_rl.timer("testing"):
                         metrics.update(self.validate(0))
                 self._log(metrics, 0)
+            self.warmup_s = t1 - t0  # the supervised warm-up, before any GRPO step
+            self.step0_s = time.perf_counter() - t0  # ... and the validation before training
             if self.on_step:
                 self.on_step(0, metrics)
             # What exists now (torch's modules, the models, what the first backward imported) lives as

@@ -7,7 +7,8 @@ otherwise the same text built here.  Where verl writes ``null`` for NaN and
 +-Inf (losing which one it was), otel-rl writes the strings ``"NaN"``,
 ``"Infinity"`` and ``"-Infinity"``: the file stays valid JSON for strict
 readers and nothing is lost (`otel_rl.serialize.parse_json_float` turns them
-back).
+back).  A key with a lone surrogate code point (which orjson, and so verl,
+cannot write) has it replaced by U+FFFD, so every line is valid UTF-8 and JSON.
 
 Path: config ``jsonl_path`` (``OTEL_RL_JSONL_PATH``) > ``VERL_FILE_LOGGER_PATH``
 > ``$VERL_FILE_LOGGER_ROOT/<project>/<experiment>.jsonl`` (root default ``.``).
@@ -52,8 +53,10 @@ def _str_text(s: str) -> str:
     text = json.dumps(s, ensure_ascii=False)
     try:
         text.encode("utf-8")
-    except UnicodeEncodeError:  # lone surrogates: escaped, so the line stays valid UTF-8
-        text = json.dumps(s)
+    except UnicodeEncodeError:
+        # surrogate code points: a pair becomes its character, a lone one U+FFFD (a "\\ud800" escape
+        # would be JSON that strict readers refuse: it is no Unicode character)
+        text = json.dumps(s.encode("utf-16", "surrogatepass").decode("utf-16", "replace"), ensure_ascii=False)
     return text
 
 
@@ -98,10 +101,19 @@ class JsonlExporter(Exporter):
     def __init__(self, config: Any = None):
         self.path = resolve_path(config)
         parent = os.path.dirname(self.path)
-        if parent:
-            os.makedirs(parent, exist_ok=True)
-        # unbuffered: every byte that reaches the file is accounted for by `_write_lines`
-        self._fp = open(self.path, "ab", buffering=0)
+        try:
+            if parent:
+                os.makedirs(parent, exist_ok=True)
+            # unbuffered: every byte that reaches the file is accounted for by `_write_lines`
+            self._fp = open(self.path, "ab", buffering=0)
+        except OSError as exc:
+            from ..config import ConfigError
+
+            source = ("jsonl_path" if getattr(config, "jsonl_path", None) else
+                      "VERL_FILE_LOGGER_PATH" if os.environ.get("VERL_FILE_LOGGER_PATH") else
+                      "VERL_FILE_LOGGER_ROOT/<project>/<experiment>.jsonl")
+            raise ConfigError(f"the JSONL file {os.path.abspath(self.path)!r} (from {source}) cannot be opened for "
+                              f"appending: {exc.strerror or exc}") from exc
         self._batch: Any = None  # the batch whose write failed part-way (a retry gets the same list)
         self._lines_done = 0  # ... how many of its lines are in the file
         self._torn = b""  # the start of a line the file could not be cut back from: finished first

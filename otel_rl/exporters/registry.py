@@ -22,8 +22,11 @@ BUILTIN: dict[str, str] = {
     "memory": "otel_rl.testing:CaptureExporter",
 }
 
-# Known tracker exporters that ship as separate distributions.
+# The command that installs what an exporter needs: its extra of the otel-rl distribution (the tracker
+# exporters ship as separate distributions that the extra pulls in).
 KNOWN_MISSING: dict[str, str] = {
+    "otlp": "pip install 'otel-rl[otlp]'",
+    "prometheus": "pip install 'otel-rl[prometheus]'",
     "mlflow": "pip install 'otel-rl[mlflow]'",
     "wandb": "pip install 'otel-rl[wandb]'",
     "tracking": "pip install 'otel-rl[wandb]'",
@@ -34,6 +37,12 @@ KNOWN_MISSING: dict[str, str] = {
 # The library each tracker exporter drives: checked before the exporter is created, so a
 # missing one fails at init() with the command to run, not later on the delivery thread.
 REQUIRES: dict[str, str] = {"mlflow": "mlflow", "wandb": "wandb", "swanlab": "swanlab", "weave": "weave"}
+
+# What the built-in exporters import when they are created (checked by `unusable`).
+BUILTIN_NEEDS: dict[str, tuple[str, ...]] = {
+    "otlp": ("opentelemetry.exporter.otlp.proto.http", "opentelemetry.exporter.otlp.proto.grpc"),
+    "prometheus": ("opentelemetry.exporter.prometheus", "prometheus_client"),
+}
 
 # verl names otel-rl does not implement.
 UNSUPPORTED = {"tensorboard", "vemlp_wandb", "clearml", "trackio"}
@@ -111,6 +120,23 @@ def _check_requires(name: str) -> None:
             f"the {name!r} exporter needs the {module!r} package, which is not installed: "
             f"run `{KNOWN_MISSING.get(name, f'pip install {module}')}`."
         )
+
+
+def unusable(name: str) -> str | None:
+    """Why the exporter `name` cannot be created here, with the command that fixes it; None when it can.
+    Checks the packages it needs and that its entry point loads, without creating it."""
+    needs = BUILTIN_NEEDS.get(name, ()) + ((REQUIRES[name],) if name in REQUIRES else ())
+    missing = [m for m in needs if not _importable(m)]
+    fix = KNOWN_MISSING.get(name)
+    if missing:
+        return f"needs {', '.join(repr(m) for m in missing)}: {fix or 'pip install ' + missing[0].split('.')[0]}"
+    try:
+        resolve_factory(name)
+    except ImportError as exc:
+        return f"cannot import {exc.name or exc}: {fix or 'pip install ' + str(exc.name or name)}"
+    except Exception as exc:
+        return f"cannot be loaded: {type(exc).__name__}: {exc}"
+    return None
 
 
 def out_of_process_class(name: str) -> Any:

@@ -370,3 +370,64 @@ def test_the_program_leaves_quickly_and_loses_nothing(demo_run, tmp_path):
         finally:
             mlflow.set_tracking_uri(None)
     assert n_traces[0] == n_traces[1] > 0
+
+
+def test_summary_times_grpo_steps_apart_from_the_supervised_warmup(demo_run):
+    import re
+
+    line = next(ln for ln in demo_run["stdout"].splitlines() if "GRPO steps in" in ln)
+    m = re.search(r"(\d+) GRPO steps in ([0-9.]+) s .*supervised warm-up of ([0-9.]+) s", line)
+    assert m, line
+    steps, grpo_s, warmup_s = int(m.group(1)), float(m.group(2)), float(m.group(3))
+    step_s = sum(v.get("timing_s/step", 0.0) for s, v in demo_run["calls"] if isinstance(s, int) and s >= 1)
+    assert steps == STEPS and warmup_s > 0
+    # the GRPO time covers the steps' own timers and not the warm-up that came before them
+    assert step_s - 0.05 <= grpo_s < step_s + warmup_s, (grpo_s, step_s, warmup_s)
+
+
+def test_demo_override_typo_fails_with_the_closest_key(capsys):
+    assert cli.main(["demo", "--no-progress", "trainer.total_trainig_steps=3"]) == 2
+    err = capsys.readouterr().err
+    assert "trainer.total_trainig_steps" in err and "'trainer.total_training_steps'" in err and "+trainer" in err
+    assert cli.main(["demo", "--no-progress", "data.train_batch_siz=4"]) == 2
+    assert "'data.train_batch_size'" in capsys.readouterr().err
+
+
+def test_demo_without_torch_names_the_extra(tmp_path):
+    import subprocess
+    import sys
+
+    # torch made unimportable the way Python marks a module that is not there (sys.modules entry None)
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "from otel_rl.cli import main\n"
+            f"raise SystemExit(main(['demo', '--quick', '--no-progress', '--output-dir', {str(tmp_path)!r}, "
+            "'trainer.logger=[console]']))")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert res.returncode == 2, res.stderr
+    assert "pip install 'otel-rl[demo]'" in res.stderr
+    assert "Traceback" not in res.stderr
+
+
+@pytest.mark.slow
+def test_dead_mlflow_uri_summary_points_at_spool_and_replay(tmp_path, monkeypatch):
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k not in DEMO_ENV and not k.startswith(("OTEL_", "MLFLOW_"))}
+    env.update({"MLFLOW_TRACKING_URI": f"http://127.0.0.1:{port}", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",
+                "MLFLOW_HTTP_REQUEST_TIMEOUT": "2", "NO_PROXY": "127.0.0.1", "MLFLOW_DISABLE_TELEMETRY": "true"})
+    res = subprocess.run([sys.executable, "-m", "otel_rl.cli", "demo", "--quick", "--no-progress", "--output-dir",
+                          str(tmp_path), "trainer.total_training_steps=2", "trainer.logger=[mlflow]"],
+                         capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = res.stdout
+    spool = str(tmp_path / "spool")
+    assert f"MLflow: http://127.0.0.1:{port} could not be reached" in out, out[-2000:]
+    assert f"wait in the spool {spool}" in out
+    assert f"otel-rl replay {spool}" in out
+    assert "ui --backend-store-uri" not in out
+    assert any(p.is_file() and p.stat().st_size > 0 for p in (tmp_path / "spool").rglob("*"))
