@@ -123,13 +123,15 @@ def trackio_expected(calls: list[tuple[int, dict[str, Any]]]) -> list[tuple[str,
     return [(k, s, v if isinstance(v, (bool, int)) else float(v)) for k, s, v in points(calls)]
 
 
-def trackio_traces(project: str, run: str) -> dict[int, list]:
+def trackio_traces(project: str, run: str, key: str = "val/generations") -> dict[int, list]:
+    """Trackio traces of `key` by step (its traces table, in index order)."""
+    from trackio.sqlite_storage import SQLiteStorage
+
     out: dict[int, list] = {}
-    for row in trackio_rows(project, run):
-        for k, v in row.items():
-            if k == "val/generations":
-                out.setdefault(row["step"], []).append(v)
-    return out
+    for t in SQLiteStorage.get_traces(project, run):
+        if t["key"] == key:
+            out.setdefault(t["step"], []).append(t)
+    return {step: sorted(ts, key=lambda t: t["index"]) for step, ts in out.items()}
 
 
 # ----------------------------------------------------------------------------- ClearML
