@@ -97,6 +97,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--md", default=None)
     a = ap.parse_args()
+    md = os.path.abspath(a.md) if a.md else None  # before the chdir below
     chunk, chunks, repeats = (10, 3, 2) if a.quick else (20, 5, 3)
     tmp = tempfile.mkdtemp(prefix="bench-new-trackers-")
     os.environ.update({"TRACKIO_DIR": os.path.join(tmp, "trackio"), "CLEARML_CACHE_DIR": os.path.join(tmp, "cml"),
@@ -139,9 +140,9 @@ def main() -> None:
                      f"{oe[0] * 1e6:.0f} ({oe[1] * 1e6:.0f}) | {oe[0] / ve[0]:.2f} |")
     text = "\n".join(lines) + "\n"
     print(text)
-    if a.md:
-        os.makedirs(os.path.dirname(os.path.abspath(a.md)), exist_ok=True)
-        with open(a.md, "w") as f:
+    if md:
+        os.makedirs(os.path.dirname(md), exist_ok=True)
+        with open(md, "w") as f:
             f.write(text)
 
 
