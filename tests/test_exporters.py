@@ -521,7 +521,7 @@ def test_unknown_exporter_name_lists_installed(monkeypatch):
     with pytest.raises(otel_rl.UnknownExporterError, match=r"pip install 'otel-rl\[mlflow\]'"):
         registry.resolve_factory("mlflow")
     with pytest.raises(otel_rl.UnknownExporterError, match="no otel-rl exporter"):
-        registry.resolve_factory("tensorboard")
+        registry.resolve_factory("vemlp_wandb")
 
 
 def test_entry_points_resolve_builtin_exporters():

@@ -10,7 +10,8 @@ or let `otel_rl.integrations.verl.install()` put them into an installed verl.
 - `Tracking(project_name, experiment_name, default_backend="console", config=None)`:
   ``log(data, step, backend=None)`` and ``finish(exit_code=0)`` (also run by ``__del__``).
   Backends are otel-rl exporters of one pipeline: ``console`` and ``file`` print and
-  write verl's bytes; ``wandb``, ``mlflow``, ``swanlab`` are the tracker exporters;
+  write verl's bytes; ``wandb``, ``mlflow``, ``swanlab``, ``tensorboard``, ``clearml`` and
+  ``trackio`` are the tracker exporters;
   ``tracking`` is the deprecated alias of ``wandb``.  ``backend=`` restricts a call
   to some of them, as in verl.  Nothing is exported on the calling thread.
 - `ValidationGenerationsLogger(project_name, experiment_name).log(loggers, samples, step)`:
@@ -56,7 +57,7 @@ __all__ = [
 ]
 
 # verl's logger names that otel-rl serves, then otel-rl's own exporters (usable in trainer.logger too)
-VERL_BACKENDS = ["wandb", "mlflow", "swanlab", "console", "file"]
+VERL_BACKENDS = ["wandb", "mlflow", "swanlab", "tensorboard", "console", "clearml", "trackio", "file"]
 OTEL_RL_BACKENDS = ["otlp", "prometheus", "jsonl", "memory"]
 
 

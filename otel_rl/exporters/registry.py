@@ -32,11 +32,15 @@ KNOWN_MISSING: dict[str, str] = {
     "tracking": "pip install 'otel-rl[wandb]'",
     "swanlab": "pip install 'otel-rl[swanlab]'",
     "weave": "pip install 'otel-rl[weave]'",
+    "tensorboard": "pip install 'otel-rl[tensorboard]'",
+    "trackio": "pip install 'otel-rl[trackio]'",
+    "clearml": "pip install 'otel-rl[clearml]'",
 }
 
 # The library each tracker exporter drives: checked before the exporter is created, so a
 # missing one fails at init() with the command to run, not later on the delivery thread.
-REQUIRES: dict[str, str] = {"mlflow": "mlflow", "wandb": "wandb", "swanlab": "swanlab", "weave": "weave"}
+REQUIRES: dict[str, str] = {"mlflow": "mlflow", "wandb": "wandb", "swanlab": "swanlab", "weave": "weave",
+                            "tensorboard": "tensorboard", "trackio": "trackio", "clearml": "clearml"}
 
 # What the built-in exporters import when they are created (checked by `unusable`).
 BUILTIN_NEEDS: dict[str, tuple[str, ...]] = {
@@ -44,8 +48,8 @@ BUILTIN_NEEDS: dict[str, tuple[str, ...]] = {
     "prometheus": ("opentelemetry.exporter.prometheus", "prometheus_client"),
 }
 
-# verl names otel-rl does not implement.
-UNSUPPORTED = {"tensorboard", "vemlp_wandb", "clearml", "trackio"}
+# verl names otel-rl does not implement (their services are private).
+UNSUPPORTED = {"vemlp_wandb", "rl_insight"}
 
 
 class UnknownExporterError(ValueError):

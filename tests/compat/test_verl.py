@@ -145,9 +145,10 @@ def test_backend_validation_like_verl(tmp_path):
         with pytest.raises(AssertionError) as ours:
             Tracking("p", "e", ["console", name])
         assert str(ours.value) == str(verl_exc.value) == f"{name} is not supported"
-    # verl names otel-rl has no exporter for: rejected the same way (verl would start them)
-    with pytest.raises(AssertionError, match="^tensorboard is not supported$"):
-        Tracking("p", "e", "tensorboard")
+    # verl names otel-rl has no exporter for (private services): rejected the same way (verl would start them)
+    for name in ("vemlp_wandb", "rl_insight"):
+        with pytest.raises(AssertionError, match=f"^{name} is not supported$"):
+            Tracking("p", "e", name)
     assert otel_rl.current() is None  # nothing started
 
 
@@ -359,14 +360,14 @@ def test_verls_own_sampling_when_asked(monkeypatch):
 
 
 def test_unknown_trace_backend_does_not_stop_training(caplog):
-    RolloutTraceConfig.init("p", "e", "trackio")  # verl's trackio: no otel-rl exporter
-    assert RolloutTraceConfig.get_backend() == "trackio"
+    RolloutTraceConfig.init("p", "e", "rl_insight")  # no otel-rl exporter
+    assert RolloutTraceConfig.get_backend() == "rl_insight"
     assert otel_rl.current() is not None and not otel_rl.current().tracing
     assert asyncio.run(_rollout(Agent(), 1, 0))["response_ids"] == [7, 8]
-    assert any("trackio" in r.getMessage() for r in caplog.records)
+    assert any("rl_insight" in r.getMessage() for r in caplog.records)
     otel_rl.shutdown()
     # the same key in a verl config given to Tracking: metrics still start
-    t = Tracking("p", "e", ["memory"], config={"actor_rollout_ref": {"rollout": {"trace": {"backend": "trackio"}}}})
+    t = Tracking("p", "e", ["memory"], config={"actor_rollout_ref": {"rollout": {"trace": {"backend": "rl_insight"}}}})
     assert [e.name for e in t.handle.exporters] == ["memory"]
     t.finish()
 

@@ -9,7 +9,7 @@ import textwrap
 import pytest
 
 
-@pytest.mark.parametrize("tracker", ["mlflow", "wandb", "swanlab", "weave"])
+@pytest.mark.parametrize("tracker", ["mlflow", "wandb", "swanlab", "weave", "tensorboard", "trackio", "clearml"])
 def test_missing_tracker_library_fails_at_init_with_pip_command(tracker, tmp_path):
     # a fresh interpreter in which importing the tracker library fails, as when it is not installed
     code = textwrap.dedent(f"""
