@@ -7,7 +7,9 @@ metric histories, traces) and from the JSONL file, against the trainer's own ``s
 
 from __future__ import annotations
 
+import inspect
 import json
+import logging
 import math
 import os
 import uuid
@@ -36,8 +38,14 @@ from otel_rl.testing import CaptureExporter  # noqa: E402
 from . import tiny_lm  # noqa: E402
 
 
+@pytest.fixture(scope="module")
+def sqlite_uri(tmp_path_factory):
+    # one database for the module: creating one runs MLflow's migrations (seconds)
+    return f"sqlite:///{tmp_path_factory.mktemp('mlflow-sqlite')}/mlflow.db"
+
+
 @pytest.fixture(autouse=True)
-def _isolated(monkeypatch, tmp_path):
+def _isolated(monkeypatch, tmp_path, sqlite_uri):
     monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
     monkeypatch.setenv("DO_NOT_TRACK", "true")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -45,7 +53,7 @@ def _isolated(monkeypatch, tmp_path):
     for k in ("MLFLOW_RUN_ID", "MLFLOW_EXPERIMENT_NAME", "OTEL_RL_EXPERIMENT", "OTEL_RL_PROJECT", "OTEL_RL_RUN_ID"):
         monkeypatch.delenv(k, raising=False)
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", sqlite_uri)
     yield
     h = otel_rl.current()
     if h is not None:
@@ -154,6 +162,42 @@ def test_callback_uses_a_pipeline_the_program_started_and_only_rank_zero_logs(tm
     assert [s.attributes[sc.RL_STEP] for s in cap.spans_named(sc.SPAN_STEP)] == [trainer.state.global_step + 1]
 
 
+def test_sft_trainer_metrics_are_its_log_history(tmp_path):
+    from datasets import Dataset
+
+    tok = tiny_lm.tokenizer()
+    cap = CaptureExporter()
+    args = trl.SFTConfig(output_dir=str(tmp_path / "sft"), max_steps=2, per_device_train_batch_size=4,
+                         logging_steps=1, save_strategy="no", report_to="none", use_cpu=True, disable_tqdm=True,
+                         max_length=16)
+    trainer = trl.SFTTrainer(model=tiny_lm.model(tok), args=args, processing_class=tok,
+                             train_dataset=Dataset.from_dict({"text": [p + "1" for p in tiny_lm.prompts(8)]}),
+                             callbacks=[OtelRLCallback(exporters=[cap], batch_delay_s=0.05)])
+    trainer.train()
+    logged = [(m.step, m.values) for m in cap.collect().step_metrics()]
+    assert logged == [(e["step"], _numbers(e)) for e in trainer.state.log_history]
+    assert {"loss", "mean_token_accuracy", "num_tokens"} <= set(logged[0][1])
+    assert otel_rl.current().config.experiment == "sft"  # the output directory's name
+
+
+def test_report_to_naming_a_tracker_otel_rl_also_writes_warns_once(tmp_path, caplog):
+    cb = OtelRLCallback(exporters=["file"], jsonl_path=str(tmp_path / "m.jsonl"))
+    state, control = transformers.TrainerState(), transformers.TrainerControl()
+    quiet = transformers.TrainingArguments(output_dir=str(tmp_path / "a"), report_to="none", use_cpu=True)
+    with caplog.at_level(logging.WARNING, logger="otel_rl"):
+        cb.on_train_begin(quiet, state, control)
+    assert "logged twice" not in caplog.text
+    otel_rl.shutdown()
+    loud = transformers.TrainingArguments(output_dir=str(tmp_path / "c"), report_to="none", use_cpu=True)
+    loud.report_to = ["mlflow", "tensorboard"]
+    cb = OtelRLCallback(exporters=["mlflow"], export_process=False)
+    with caplog.at_level(logging.WARNING, logger="otel_rl"):
+        cb.on_train_begin(loud, state, control)
+        cb.on_train_begin(loud, state, control)
+    assert caplog.text.count("logged twice") == 1 and "report_to=['mlflow', 'tensorboard']" in caplog.text
+    assert "both write to mlflow" in caplog.text
+
+
 # ----------------------------------------------------------------------------- GRPO
 
 
@@ -161,7 +205,7 @@ def count_a(completions, **kwargs):
     return [float(c.count("a")) for c in completions]
 
 
-def length_bonus(completions, **kwargs):
+async def length_bonus(completions, **kwargs):  # async: TRL runs it on its own event loop thread
     return [len(c) / 10 for c in completions]
 
 
@@ -190,6 +234,7 @@ def test_grpo_metrics_and_completions_reach_mlflow_as_runs_and_traces_by_step(tm
     recorded.__name__ = "count_a"
     funcs = trace_rewards([recorded, length_bonus])
     assert [f.__name__ for f in funcs] == ["count_a", "length_bonus"]
+    assert inspect.iscoroutinefunction(funcs[1]) and not inspect.iscoroutinefunction(funcs[0])
     cb = OtelRLCallback(project=project, exporters=["mlflow", cap], trace_backend="mlflow", export_process=False,
                         batch_delay_s=0.05)
     trainer = _grpo(tmp_path, funcs, cb)
