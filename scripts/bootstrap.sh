@@ -22,7 +22,8 @@ if [ "${1:-}" = "--test" ]; then
   # the real verl package for the compatibility tests: without its GPU stack (--no-deps), plus
   # the light packages `import verl` needs; and Ray for the distributed tests
   "${PIP[@]}" --no-deps "verl==0.9.1" "tensordict==0.10.0" "pyvers<0.2"
-  "${PIP[@]}" "transformers>=5.5.3,<5.11,!=5.6.0" "ray==2.60.0" msgpack
+  # transformers with TRL (the pair otel_rl.integrations.transformers is tested with; the `trl` extra)
+  "${PIP[@]}" "transformers>=5.5.3,<5.11,!=5.6.0" "trl==1.16.0" "ray==2.60.0" msgpack
   # headless Chromium for the browser tests of web UIs (tests/ui)
   if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
     SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
