@@ -18,6 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("otel_rl.demo.cli", "train a small agentic GRPO policy on CPU, fully instrumented"),
     "bridge": ("otel_rl.bridge.cli", "receive OTLP and deliver it to the tracker exporters"),
     "replay": ("otel_rl.spool.cli", "deliver what a spool directory still holds"),
+    "doctor": ("otel_rl.doctor", "check the exporters' libraries, credentials, endpoints, paths and spool"),
 }
 
 
