@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bridge": ("otel_rl.bridge.cli", "receive OTLP and deliver it to the tracker exporters"),
     "replay": ("otel_rl.spool.cli", "deliver what a spool directory still holds"),
     "doctor": ("otel_rl.doctor", "check the exporters' libraries, credentials, endpoints, paths and spool"),
+    "report": ("otel_rl.report", "write one self-contained HTML page of a run's curves, trajectories and config"),
 }
 
 

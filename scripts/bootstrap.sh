@@ -18,7 +18,7 @@ for d in exporters/*/; do
   [ -f "$d/pyproject.toml" ] && EXPORTERS+=(-e "$d")
 done
 if [ "${1:-}" = "--test" ]; then
-  "${PIP[@]}" -e ".[test,all]" "${EXPORTERS[@]}"
+  "${PIP[@]}" -e ".[test,all,docs]" "${EXPORTERS[@]}"
   # the real verl package for the compatibility tests: without its GPU stack (--no-deps), plus
   # the light packages `import verl` needs; and Ray for the distributed tests
   "${PIP[@]}" --no-deps "verl==0.9.1" "tensordict==0.10.0" "pyvers<0.2"
@@ -28,6 +28,14 @@ if [ "${1:-}" = "--test" ]; then
       SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
       $SUDO apt-get update -qq && $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null \
         || echo "warning: could not install prometheus" >&2
+    fi
+  fi
+  # headless Chromium: the report page's rendering tests
+  if ! command -v chromium >/dev/null 2>&1; then
+    if command -v apt-get >/dev/null 2>&1; then
+      SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+      $SUDO apt-get update -qq && $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null \
+        || echo "warning: could not install chromium" >&2
     fi
   fi
 else
