@@ -122,3 +122,55 @@ def clean_env(**extra: str) -> dict[str, str]:
     env.update({"MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true"})
     env.update(extra)
     return env
+
+
+# ----------------------------------------------------------------------------- a real MLflow store
+
+STEPS, SAMPLES = 12, 3
+FAILED = {(3, 1), (8, 0), (12, 2)}  # (step, sample) whose trajectory raises
+VALIDATION_STEPS = (4, 8, 12)
+PROJECT = "prune-store"
+# the sqlite tables that hold a trace's rows: none may keep a row of a deleted trace
+TRACE_TABLES = ("trace_info", "spans", "trace_tags", "trace_request_metadata", "trace_metrics", "span_metrics",
+                "assessments")
+
+
+def _workload() -> None:
+    import otel_rl
+
+    for n in range(1, STEPS + 1):
+        with otel_rl.step(n):
+            for i in range(SAMPLES):
+                try:
+                    with otel_rl.trajectory(sample_index=i, rollout_n=0) as t:
+                        if (n, i) in FAILED:
+                            raise RuntimeError(f"tool crashed at step {n}")
+                        t.set_reward(i / 2)
+                except RuntimeError:
+                    pass
+            if n in VALIDATION_STEPS:
+                for i in range(2):
+                    with otel_rl.trajectory(sample_index=i, rollout_n=0, validate=True) as t:
+                        t.set_reward(1.0)
+            otel_rl.log({"critic/score/mean": n / STEPS}, step=n)
+
+
+@pytest.fixture(scope="session")
+def store(tmp_path_factory):
+    """One real MLflow sqlite store written by the mlflow exporter; each test prunes a copy."""
+    import otel_rl
+
+    root = tmp_path_factory.mktemp("prune-store")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{root}/mlflow.db")
+    mp.setenv("OTEL_RL_MLFLOW_ARTIFACT_LOCATION", str(root / "artifacts"))
+    mp.chdir(root)
+    try:
+        h = otel_rl.init(project=PROJECT, experiment="grpo", exporters=["mlflow"], trace_backend="mlflow",
+                         spool_dir="off", export_process="false", batch_delay_s=0.05)
+        _workload()
+        assert h.flush(120)
+        h.shutdown()
+    finally:
+        mp.undo()
+    return root / "mlflow.db"
