@@ -191,3 +191,33 @@ def test_demo_ends_with_a_report_of_its_run(tmp_path):
             assert math.isclose(mine, max(rewards))
         elif t["label"] == "worst":
             assert math.isclose(mine, min(rewards))
+
+
+@pytest.mark.slow
+def test_mlflow_run_report_has_best_worst_and_failed_trajectories(store, tmp_path):
+    from mlflow import MlflowClient
+
+    from otel_rl.report import write_report
+    from otel_rl.report.data import load
+
+    from .conftest import FAILED, PROJECT, SAMPLES, STEPS
+
+    uri = f"sqlite:///{store}"
+    client = MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name(PROJECT).experiment_id])
+    data = load(mlflow_run_id=run.info.run_id, tracking_uri=uri)
+    assert data.metrics["critic/score/mean"] == {n: n / STEPS for n in range(1, STEPS + 1)}
+    by_step: dict[int, dict[str, list]] = {}
+    for t in data.trajectories:
+        by_step.setdefault(t.step, {}).setdefault(t.label, []).append(t)
+    assert sorted(by_step) == [1, STEPS // 2 + 1, STEPS]  # first, middle, last traced training step
+    for step, got in by_step.items():
+        ok = [i for i in range(SAMPLES) if (step, i) not in FAILED]
+        assert got["best"][0].reward == max(ok) / 2 and got["worst"][0].reward == min(ok) / 2
+        assert [t.sample_index for t in got.get("failed", [])] == [str(i) for i in range(SAMPLES) if (step, i) in FAILED]
+        assert all(t.status == "ERROR" for t in got.get("failed", []))
+    page = Path(write_report(mlflow_run_id=run.info.run_id, tracking_uri=uri, output=str(tmp_path / "r.html")))
+    got = render(page, tmp_path, "report-mlflow.png")
+    assert check_charts(got, data.metrics) == set(data.metrics)
+    assert [t["label"] for t in got["trajectories"]] == [t.label for t in data.trajectories]
+    assert "failed" in [t["label"] for t in got["trajectories"]]
