@@ -21,6 +21,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("otel_rl.demo.cli", "train a small agentic GRPO policy on CPU, fully instrumented"),
     "bridge": ("otel_rl.bridge.cli", "receive OTLP and deliver it to the tracker exporters"),
     "replay": ("otel_rl.spool.cli", "deliver what a spool directory still holds"),
+    "doctor": ("otel_rl.doctor", "check the exporters' libraries, credentials, endpoints, paths and spool"),
+    "report": ("otel_rl.report", "write one self-contained HTML page of a run's curves, trajectories and config"),
+    "prune": ("otel_rl.prune", "delete old MLflow traces, delivered spool segments and old JSONL files (dry run first)"),
 }
 
 

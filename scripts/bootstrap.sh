@@ -18,13 +18,13 @@ for d in exporters/*/; do
   [ -f "$d/pyproject.toml" ] && EXPORTERS+=(-e "$d")
 done
 if [ "${1:-}" = "--test" ]; then
-  "${PIP[@]}" -e ".[test,all]" "${EXPORTERS[@]}"
+  "${PIP[@]}" -e ".[test,all,docs]" "${EXPORTERS[@]}"
   # the real verl package for the compatibility tests: without its GPU stack (--no-deps), plus
   # the light packages `import verl` needs; and Ray for the distributed tests
   "${PIP[@]}" --no-deps "verl==0.9.1" "tensordict==0.10.0" "pyvers<0.2"
   # transformers with TRL (the pair otel_rl.integrations.transformers is tested with; the `trl` extra)
   "${PIP[@]}" "transformers>=5.5.3,<5.11,!=5.6.0" "trl==1.16.0" "ray==2.60.0" msgpack
-  # headless Chromium for the browser tests of web UIs (tests/ui)
+  # headless Chromium for the browser tests of web UIs and the report page (tests/ui, tests/tools)
   if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
     SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
     $SUDO apt-get update -qq && $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null \

@@ -200,7 +200,10 @@ def run(args: argparse.Namespace) -> int:
         timings = {"setup_s": t1 - t0, "train_s": t2 - t1, "flush_s": t3 - t2}
         training_cpu = {k: cpu1[k] - cpu0[k] for k in cpu0}
         summary = format_summary(cfg, handle, trainer, out, timings)
-    print(summary, flush=True)
+        print(summary, flush=True)
+        report = write_report(cfg, handle)
+    if report:
+        print(f"  report (open in a browser): {report}", flush=True)
     if args.report_json:
         report = {"config": cfg, "run_id": handle.run_id, "exporters": [e.name for e in handle.exporters],
                   "steps": trainer.total_steps, "trajectories": trainer.trajectories, **timings,
@@ -210,6 +213,25 @@ def run(args: argparse.Namespace) -> int:
         with open(args.report_json, "w", encoding="utf-8") as f:
             json.dump(report, f, indent=1)
     return 0
+
+
+def write_report(cfg: dict[str, Any], handle: Any) -> str | None:
+    """The run's page of curves, trajectories and config (`otel-rl report`), beside its JSONL file; None when
+    the run wrote no JSONL file or the page could not be written (said on stderr: the run itself is fine)."""
+    jsonl = next((e.path for e in handle.exporters if e.name in ("file", "jsonl") and getattr(e, "path", None)), None)
+    if not jsonl:
+        return None
+    try:
+        from otel_rl.report import write_report as write
+        from otel_rl.report.data import find_mlflow_run, mlflow_client
+
+        run_id = None
+        if any(e.name == "mlflow" for e in handle.exporters):
+            run_id = find_mlflow_run(mlflow_client(), cfg["trainer"]["project_name"], handle.run_id)
+        return write(jsonl, run_id)
+    except Exception as exc:
+        print(f"otel-rl demo: the report could not be written: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return None
 
 
 def _cpu_counters() -> dict[str, float]:

@@ -1,0 +1,250 @@
+"""`otel-rl doctor` against real broken setups: each failure kind is told with its own cause."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from otel_rl.config import resolve
+from otel_rl.doctor import run_checks
+from otel_rl.records import RunIdentity, StepMetrics
+from otel_rl.spool.codec import encode_batch
+from otel_rl.spool.store import Spool, SpoolOptions
+
+from .conftest import REPO, VENV_BIN, blackhole, clean_env, dead_port
+
+SECRET = "k" * 24 + "SECRETVALUE" + "9" * 10
+
+
+def checks(overrides, env, tmp_path, timeout=1.0, min_free=1 << 20):
+    env = dict(env)
+    env.setdefault("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    cfg = resolve(list(overrides), env=env)
+    os.environ["XDG_CACHE_HOME"] = env["XDG_CACHE_HOME"]  # the spool's default root
+    return run_checks(cfg, env=env, timeout=timeout, min_free=min_free)
+
+
+def find(result, subject, name=None):
+    got = [c for c in result if c.subject.startswith(subject) and (name is None or c.name == name)]
+    assert got, f"no {subject}/{name} check in {result}"
+    return got[0] if name else got
+
+
+def doctor_cli(args, env, timeout=60):
+    env = dict(env, PYTHONPATH=os.environ.get("PYTHONPATH", str(REPO)))
+    t0 = time.monotonic()
+    p = subprocess.run([str(VENV_BIN / "otel-rl"), "doctor", *args], env=env, capture_output=True, text=True,
+                       timeout=timeout)
+    return p, time.monotonic() - t0
+
+
+def test_dead_otlp_port_is_refused(tmp_path):
+    port = dead_port()
+    res = checks(["trainer.logger=[otlp]", f"+otel_rl.otlp_endpoint=http://127.0.0.1:{port}"], clean_env(), tmp_path)
+    c = find(res, "otlp", "endpoint")
+    assert c.status == "fail" and "refused" in c.detail and str(port) in c.detail
+    assert "start the OTLP receiver" in c.fix
+
+
+def test_blackholed_port_times_out_within_the_timeout(tmp_path):
+    with blackhole() as port:
+        t0 = time.monotonic()
+        res = checks(["trainer.logger=[mlflow]"], clean_env(MLFLOW_TRACKING_URI=f"http://127.0.0.1:{port}"),
+                     tmp_path, timeout=0.5)
+        took = time.monotonic() - t0
+    c = find(res, "mlflow", "endpoint")
+    assert c.status == "fail" and "no answer within 0.5 s" in c.detail
+    assert took < 5  # one bounded step, not a hang
+
+
+def test_read_only_directory_is_named(tmp_path, readonly_dir):
+    res = checks(["trainer.logger=[file]", f"+otel_rl.jsonl_path={readonly_dir}/sub/run.jsonl"], clean_env(),
+                 tmp_path)
+    c = find(res, "file", "JSONL file")
+    assert c.status == "fail" and "read-only" in c.detail and str(readonly_dir) in c.detail
+
+
+def test_full_filesystem_fails_write_and_free_space(tmp_path, full_fs):
+    res = checks(["trainer.logger=[mlflow]"], clean_env(MLFLOW_TRACKING_URI=f"sqlite:///{full_fs}/mlruns.db"),
+                 tmp_path)
+    store, free = find(res, "mlflow", "store"), find(res, "mlflow", "free space")
+    assert store.status == "fail" and "disk is full" in store.detail
+    assert free.status == "fail" and "free" in free.detail
+
+
+def test_writable_paths_pass_and_report_free_space(tmp_path):
+    res = checks(["trainer.logger=[file,mlflow]", f"+otel_rl.jsonl_path={tmp_path}/a/b.jsonl"],
+                 clean_env(MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path}/mlruns.db"), tmp_path)
+    for c in find(res, "file") + find(res, "mlflow"):
+        assert c.status == "ok", c
+    assert "will be created" in find(res, "file", "JSONL file").detail
+
+
+def test_missing_and_malformed_wandb_key(tmp_path):
+    base = {"WANDB_BASE_URL": f"http://127.0.0.1:{dead_port()}", "NETRC": str(tmp_path / "none")}
+    res = checks(["trainer.logger=[wandb]"], clean_env(**base), tmp_path)
+    c = find(res, "wandb", "credentials")
+    assert c.status == "fail" and c.detail == "WANDB_API_KEY is not set"
+    res = checks(["trainer.logger=[wandb]"], clean_env(WANDB_API_KEY=f'"{SECRET}"', **base), tmp_path)
+    c = find(res, "wandb", "credentials")
+    assert c.status == "fail" and "wrapped in quotes" in c.detail
+    assert SECRET not in json.dumps([vars(x) for x in res])
+
+
+def test_offline_wandb_needs_no_key(tmp_path):
+    res = checks(["trainer.logger=[wandb]"], clean_env(WANDB_MODE="offline", WANDB_DIR=str(tmp_path)), tmp_path)
+    assert find(res, "wandb", "mode").status == "ok"
+    assert not [c for c in res if c.subject == "wandb" and c.status == "fail"]
+
+
+def test_refusing_proxy_is_told_apart_from_the_server(tmp_path, refusing_proxy):
+    env = clean_env(WANDB_API_KEY=SECRET, WANDB_BASE_URL="https://wandb.internal.test", NETRC=str(tmp_path / "x"))
+    res = checks(["trainer.logger=[wandb]", f"+trainer.wandb_proxy=http://user:pw@127.0.0.1:{refusing_proxy.port}"],
+                 env, tmp_path)
+    c = find(res, "wandb", "endpoint")
+    assert c.status == "fail" and "refused the tunnel to wandb.internal.test:443" in c.detail
+    assert "403" in c.detail and "user:***@" in c.detail and ":pw@" not in c.detail
+    assert refusing_proxy.requests == ["CONNECT wandb.internal.test:443 HTTP/1.1"]
+
+
+def test_dead_proxy_from_https_proxy_variable(tmp_path):
+    env = clean_env(WANDB_API_KEY=SECRET, WANDB_BASE_URL="https://wandb.internal.test", NETRC=str(tmp_path / "x"),
+                    HTTPS_PROXY=f"http://127.0.0.1:{dead_port()}")
+    c = find(checks(["trainer.logger=[wandb]"], env, tmp_path), "wandb", "endpoint")
+    assert c.status == "fail" and c.detail.count("proxy") >= 2 and "refused" in c.detail
+
+
+def test_tls_to_a_plain_http_port_is_a_tls_failure(tmp_path):
+    import http.server
+    import threading
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        env = clean_env(MLFLOW_TRACKING_URI=f"https://127.0.0.1:{srv.server_address[1]}")
+        c = find(checks(["trainer.logger=[mlflow]"], env, tmp_path), "mlflow", "endpoint")
+    finally:
+        srv.shutdown()
+    assert c.status == "fail" and c.detail.split(": ", 1)[1].startswith("TLS")
+
+
+def _spool_with(tmp_path: Path, n: int) -> Path:
+    root = tmp_path / "spool"
+    sp = Spool(SpoolOptions(path=str(root / "mlflow"), meta={"exporter": "mlflow", "class": "x:y", "config": {}}))
+    assert sp.open()
+    for step in range(n):
+        payload = encode_batch([], [StepMetrics(RunIdentity("p", "e", "r"), step, {"a": 1.0}, step)], compress=False)
+        sp.append(payload, 1)
+    sp.close(remove_if_empty=False)
+    return root
+
+
+def test_undelivered_spool_is_counted_with_the_replay_command(tmp_path):
+    root = _spool_with(tmp_path, 7)
+    res = checks(["trainer.logger=[console]", f"+otel_rl.spool_dir={root}"], clean_env(), tmp_path)
+    c = find(res, "spool", "undelivered")
+    assert c.status == "warn" and c.detail.startswith("7 items")
+    assert c.fix.startswith(f"deliver them with `otel-rl replay {root}`")
+
+
+def test_log_level_above_warning_is_flagged(tmp_path):
+    res = checks(["trainer.logger=[console]"], clean_env(VERL_LOGGING_LEVEL="ERROR"), tmp_path)
+    c = find(res, "log level", "VERL_LOGGING_LEVEL")
+    assert c.status == "warn" and "hidden" in c.detail
+    res = checks(["trainer.logger=[console]"], clean_env(), tmp_path)
+    assert find(res, "log level")[0].status == "ok"
+
+
+def test_unknown_exporter_fails(tmp_path):
+    c = find(checks(["trainer.logger=[nosuchtracker]"], clean_env(), tmp_path), "nosuchtracker", "exporter")
+    assert c.status == "fail" and "unknown exporter" in c.detail
+
+
+@pytest.mark.slow
+def test_wrong_and_right_token_against_a_real_bridge(tmp_path):
+    sys.path.insert(0, str(REPO / "tests"))
+    from bridge.helpers import BridgeProcess
+    from bridge.helpers import clean_env as bridge_env
+
+    bridge = BridgeProcess(["--exporters", "console", "--auth-token-env", "BRIDGE_TOKEN", "--grpc-address", "off"],
+                           bridge_env(BRIDGE_TOKEN=SECRET), tmp_path)
+    try:
+        base = ["trainer.logger=[otlp]", f"+otel_rl.otlp_endpoint=http://{bridge.http}"]
+        res = checks(base + ["+otel_rl.otlp_headers=Authorization=Bearer wrong-token"], clean_env(), tmp_path)
+        assert find(res, "otlp", "bridge").status == "ok"
+        c = find(res, "otlp", "export")
+        assert c.status == "fail" and "HTTP 401" in c.detail and "Authorization" in c.detail
+        assert "--auth-token-env" in c.fix
+        res = checks(base + [f"+otel_rl.otlp_headers=Authorization=Bearer {SECRET}"], clean_env(), tmp_path)
+        assert find(res, "otlp", "export").status == "ok"
+        res = checks(base, clean_env(), tmp_path)
+        assert "no headers sent" in find(res, "otlp", "export").detail
+    finally:
+        bridge.kill()
+
+
+@pytest.mark.slow
+def test_real_mlflow_server_version_and_api(tmp_path):
+    sys.path.insert(0, str(REPO / "tests"))
+    from _mlflow_server import MlflowServer
+
+    srv = MlflowServer(tmp_path)
+    srv.start()
+    try:
+        res = checks(["trainer.logger=[mlflow]"], clean_env(MLFLOW_TRACKING_URI=srv.url), tmp_path)
+    finally:
+        srv.kill()
+    for name in ("library", "endpoint", "server version", "API"):
+        assert find(res, "mlflow", name).status == "ok", res
+    assert find(res, "mlflow", "server version").detail.startswith("server MLflow 3.")
+
+
+@pytest.mark.slow
+def test_cli_every_endpoint_dead_is_bounded_and_exits_1(tmp_path):
+    with blackhole() as hole:
+        env = clean_env(MLFLOW_TRACKING_URI=f"http://127.0.0.1:{hole}", WANDB_API_KEY=SECRET,
+                        WANDB_BASE_URL=f"http://127.0.0.1:{hole}", SWANLAB_API_KEY=SECRET,
+                        SWANLAB_API_HOST=f"http://127.0.0.1:{dead_port()}", WF_TRACE_SERVER_URL=f"http://127.0.0.1:{hole}",
+                        XDG_CACHE_HOME=str(tmp_path / "cache"), NETRC=str(tmp_path / "x"))
+        p, took = doctor_cli(["trainer.logger=[console,wandb,mlflow,swanlab,weave,otlp,file]",
+                              f"+otel_rl.otlp_endpoint=http://127.0.0.1:{hole}",
+                              f"+otel_rl.jsonl_path={tmp_path}/m.jsonl", "--json"], env)
+    assert p.returncode == 1, p.stderr
+    doc = json.loads(p.stdout)
+    assert doc["ok"] is False
+    failed = {c["subject"] for c in doc["checks"] if c["status"] == "fail"}
+    assert failed == {"wandb", "mlflow", "swanlab", "weave", "otlp"}
+    assert SECRET not in p.stdout
+    assert took <= 10, took  # the documented bound: every step of every endpoint at most --timeout (3 s)
+
+
+@pytest.mark.slow
+def test_cli_all_fine_exits_0_and_prints_one_line_per_check(tmp_path):
+    env = clean_env(XDG_CACHE_HOME=str(tmp_path / "cache"))
+    p, _ = doctor_cli(["trainer.logger=[console,file]", f"+otel_rl.jsonl_path={tmp_path}/m.jsonl"], env)
+    assert p.returncode == 0, p.stdout + p.stderr
+    lines = p.stdout.splitlines()
+    assert lines[0].startswith("otel-rl doctor: exporters console, file")
+    assert all(line.startswith("✓ ") for line in lines[1:-1]), lines
+    assert lines[-1].endswith("0 failed, 0 to look at")
+
+
+@pytest.mark.slow
+def test_cli_dns_failure_with_a_resolver_that_does_not_answer(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("a private resolv.conf needs a mount namespace (root)")
+    conf = tmp_path / "resolv.conf"
+    conf.write_text("nameserver 127.0.0.1\noptions timeout:1 attempts:1\n")
+    env = clean_env(MLFLOW_TRACKING_URI="http://mlflow.corp.example:5000", XDG_CACHE_HOME=str(tmp_path / "c"),
+                    PYTHONPATH=os.environ.get("PYTHONPATH", str(REPO)))
+    script = f"mount --bind {conf} /etc/resolv.conf && exec {VENV_BIN / 'otel-rl'} doctor 'trainer.logger=[mlflow]'"
+    p = subprocess.run(["unshare", "-m", "sh", "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1, p.stdout + p.stderr
+    line = next(x for x in p.stdout.splitlines() if "mlflow: endpoint" in x)
+    assert "DNS:" in line and "mlflow.corp.example" in line
