@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Create .venv and install otel-rl with everything it needs. Idempotent.
 #   bash scripts/bootstrap.sh          # the package + tracker exporters + what the example needs
-#   bash scripts/bootstrap.sh --test   # + test dependencies and the Prometheus binary
+#   bash scripts/bootstrap.sh --test   # + test dependencies, the Prometheus binary, the Collector (needs Go >= 1.26)
+#                                      #   and Arize Phoenix (its own venv under .cache/)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -30,6 +31,14 @@ if [ "${1:-}" = "--test" ]; then
         || echo "warning: could not install prometheus" >&2
     fi
   fi
+  # otelcol-rl, the project's OpenTelemetry Collector (Go, from the official modules; built once, then only
+  # when deploy/collector/build/ changes) -> .cache/bin/otelcol-rl
+  bash scripts/build-collector.sh
+  # Arize Phoenix in a venv of its own (its pins are not the trainer's): .cache/phoenix-venv/bin/phoenix
+  if [ ! -x .cache/phoenix-venv/bin/phoenix ]; then
+    "$PY" -m venv .cache/phoenix-venv
+  fi
+  .cache/phoenix-venv/bin/python -m pip install -q "arize-phoenix==20.26.1"
 else
   "${PIP[@]}" -e ".[all]" "${EXPORTERS[@]}"
 fi
