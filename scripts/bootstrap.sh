@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv and install otel-rl with everything it needs. Idempotent.
 #   bash scripts/bootstrap.sh          # the package + tracker exporters + what the example needs
-#   bash scripts/bootstrap.sh --test   # + test dependencies and the Prometheus binary
+#   bash scripts/bootstrap.sh --test   # + test dependencies, the Prometheus binary, the Collector (needs Go >= 1.26)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -37,6 +37,9 @@ if [ "${1:-}" = "--test" ]; then
         || echo "warning: could not install prometheus" >&2
     fi
   fi
+  # otelcol-rl, the project's OpenTelemetry Collector (Go, from the official modules; built once, then only
+  # when deploy/collector/build/ changes) -> .cache/bin/otelcol-rl
+  bash scripts/build-collector.sh
 else
   "${PIP[@]}" -e ".[all]" "${EXPORTERS[@]}"
 fi

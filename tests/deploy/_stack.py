@@ -161,7 +161,7 @@ class Bridge:
 class Prometheus:
     """The real Prometheus server on 127.0.0.1 scraping `targets` ({job: "host:port"}) twice a second."""
 
-    def __init__(self, binary: str, cwd: Path, targets: dict[str, str]):
+    def __init__(self, binary: str, cwd: Path, targets: dict[str, str], extra_args: tuple[str, ...] = ()):
         cfg = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
                "scrape_configs": [{"job_name": job, "scrape_interval": "500ms", "scrape_timeout": "500ms",
                                    "static_configs": [{"targets": [t]}]} for job, t in targets.items()]}
@@ -173,7 +173,7 @@ class Prometheus:
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
             [binary, f"--config.file={path}", f"--storage.tsdb.path={cwd / 'tsdb'}",
-             f"--web.listen-address=127.0.0.1:{self.port}", "--storage.tsdb.retention.time=1h"],
+             f"--web.listen-address=127.0.0.1:{self.port}", "--storage.tsdb.retention.time=1h", *extra_args],
             stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + 60
         while True:

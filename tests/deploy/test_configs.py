@@ -111,7 +111,13 @@ def test_collector_pipelines_reference_defined_components(role):
                 used[kind].add(comp)
         procs = p.get("processors") or []
         assert procs and procs[0] == "memory_limiter", f"{role}: {name}: memory_limiter must come first"
-        assert "batch" in procs, f"{role}: {name}: no batch processor"
+        # batched by a processor, or (traces: acknowledged only once on disk) by every exporter from its queue
+        batched = "batch" in procs or all(
+            ((cfg["exporters"][e].get("sending_queue") or {}).get("batch") or {}).get("flush_timeout")
+            for e in p["exporters"])
+        assert batched, f"{role}: {name}: not batched"
+        if name.startswith("traces"):
+            assert "batch" not in procs, f"{role}: {name}: a batch processor holds acknowledged spans in memory"
     for kind in used:
         assert defined[kind] == used[kind], f"{role}: {kind} defined but unused: {defined[kind] - used[kind]}"
     enabled = service.get("extensions") or []
@@ -176,8 +182,8 @@ def test_compose_wiring_agrees():
     mlflow_port = int(_arg(services["mlflow"]["command"], "--port"))
     assert _hostport(bridge["environment"]["MLFLOW_TRACKING_URI"])[1] == mlflow_port
     assert _arg(bridge["command"], "--auth-token-env") in bridge["environment"]
-    assert "OTEL_RL_BRIDGE_TOKEN" in genv and "Bearer ${env:OTEL_RL_BRIDGE_TOKEN}" in \
-        gateway["exporters"]["otlp_http/bridge"]["headers"]["Authorization"]
+    auth = gateway["exporters"]["otlp_http/bridge"]["auth"]["authenticator"]
+    assert "OTEL_RL_BRIDGE_TOKEN" in genv and gateway["extensions"][auth]["token"] == "${env:OTEL_RL_BRIDGE_TOKEN}"
     # the bridge's spool on a volume
     spool = bridge["environment"]["OTEL_RL_SPOOL_DIR"]
     assert any(str(v).split(":")[1] == spool for v in bridge["volumes"]), bridge["volumes"]

@@ -1,0 +1,119 @@
+"""otelcol-rl (the project's Collector build, .cache/bin/otelcol-rl) as a test subprocess on 127.0.0.1.
+
+deploy/'s configs listen on fixed ports (4317, 4318, 13133, 8888); a test runs them unchanged and merges a
+second config file over them (the Collector's own `--config a.yaml --config b.yaml` merge) that moves every
+listener to a free loopback port and writes the persistent queues under the test's directory."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from ._stack import ROOT, clean_env, free_port
+
+OTELCOL = ROOT / ".cache" / "bin" / "otelcol-rl"
+COLLECTOR_DIR = ROOT / "deploy" / "collector"
+
+
+def otelcol_available() -> bool:
+    return OTELCOL.is_file() and os.access(OTELCOL, os.X_OK)
+
+
+def validate(*configs: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    cmd = [str(OTELCOL), "validate", *[f"--config={c}" for c in configs]]
+    return subprocess.run(cmd, env=clean_env(**(env or {})), capture_output=True, text=True, timeout=60)
+
+
+class Collector:
+    """One otelcol-rl process: `configs` from deploy/ plus the loopback override; `.grpc`, `.http` are host:port.
+
+    `extra` is merged last (a dict written as JSON, which is YAML); `env` fills the configs' ${env:...}."""
+
+    def __init__(self, cwd: Path, name: str, configs: list[Path], env: dict[str, str], extra: dict | None = None,
+                 storage: Path | None = None):
+        self.cwd, self.name = cwd, name
+        self.grpc = f"127.0.0.1:{free_port()}"
+        self.http = f"127.0.0.1:{free_port()}"
+        self.health = free_port()
+        self.metrics_port = free_port()
+        self.storage = storage or cwd / f"{name}-storage"
+        self.storage.mkdir(parents=True, exist_ok=True)
+        override: dict[str, Any] = {
+            "extensions": {"health_check": {"endpoint": f"127.0.0.1:{self.health}"}},
+            "receivers": {"otlp": {"protocols": {"grpc": {"endpoint": self.grpc},
+                                                 "http": {"endpoint": self.http}}}},
+            "service": {"telemetry": {"metrics": {"level": "detailed", "readers": [{"pull": {"exporter": {
+                "prometheus": {"host": "127.0.0.1", "port": self.metrics_port}}}}]}}},
+        }
+        self.override = cwd / f"{name}-override.yaml"
+        self.override.write_text(json.dumps(override))
+        self.configs = [*configs, self.override]
+        if extra:
+            path = cwd / f"{name}-extra.yaml"
+            path.write_text(json.dumps(extra))
+            self.configs.append(path)
+        self.env = clean_env(OTELCOL_STORAGE_DIR=str(self.storage), **env)
+        self.log_path = cwd / f"{name}.log"
+        self.proc: subprocess.Popen | None = None
+        self.start()
+
+    def start(self, timeout_s: float = 60.0) -> None:
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen([str(OTELCOL), *[f"--config={c}" for c in self.configs]], env=self.env,
+                                     cwd=self.cwd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"collector {self.name} exited {self.proc.returncode}:\n{self.log()}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.health}/", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"collector {self.name} not healthy:\n{self.log()}")
+            time.sleep(0.1)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-4000:]
+
+    def metric(self, name: str, **labels: str) -> float:
+        """Sum of the Collector's own metric `name` over the series whose labels include `labels`."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as r:
+            text = r.read().decode()
+        total = 0.0
+        for line in text.splitlines():
+            if not line.startswith(name + "{") and not line.startswith(name + " "):
+                continue
+            head, _, value = line.rpartition(" ")
+            if all(f'{k}="{v}"' in head for k, v in labels.items()):
+                total += float(value)
+        return total
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
+
+    def reload(self) -> None:
+        """SIGHUP: the Collector reads its config files again."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGHUP)
+
+    def stop(self, timeout_s: float = 30.0) -> int | None:
+        if self.proc is None or self.proc.poll() is not None:
+            return None if self.proc is None else self.proc.returncode
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            return self.proc.wait(10)
