@@ -42,3 +42,14 @@ def test_exporters_marks_unusable_ones_with_the_extra():
 def test_verl_recipe_in_docs_installs_omegaconf():
     text = (ROOT / "docs/verl.md").read_text()
     assert "omegaconf" in text.split("## ")[-1] or "omegaconf" in text
+
+
+def test_bridge_without_grpc_names_the_extra():
+    code = ("import sys; sys.modules['grpc'] = None\n"
+            "from otel_rl.cli import main\n"
+            "sys.exit(main(['bridge', '--http-address', '127.0.0.1:0', '--grpc-address', '127.0.0.1:0',"
+            " '--prometheus-port', '0', '--exporters', 'console']))")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=ROOT, input="")
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "pip install 'otel-rl[bridge]'" in res.stderr, res.stderr

@@ -171,6 +171,20 @@ def settings_from_args(args: Any) -> Settings:
     )
 
 
+# packages of the bridge's receivers, installed by the `bridge` extra
+_BRIDGE_PACKAGES = ("grpc", "google.protobuf", "opentelemetry.proto")
+
+
+def _install_hint(exc: BaseException) -> str:
+    """The command that installs a receiver package the bridge could not import, else ''."""
+    while exc is not None:
+        name = getattr(exc, "name", None) if isinstance(exc, ImportError) else None
+        if name and any(name == p or name.startswith(p + ".") for p in _BRIDGE_PACKAGES):
+            return "; install the bridge's receivers with: pip install 'otel-rl[bridge]'"
+        exc = exc.__cause__ or exc.__context__
+    return ""
+
+
 def run(args: Any) -> int:
     logging.basicConfig(level=getattr(logging, args.log_level.upper()), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -204,12 +218,12 @@ def run(args: Any) -> int:
         try:
             bridge = Bridge(settings)
         except Exception as exc:  # unknown exporter, missing library, unusable tracker settings
-            print(f"otel-rl bridge: cannot start: {exc}", file=sys.stderr)
+            print(f"otel-rl bridge: cannot start: {exc}{_install_hint(exc)}", file=sys.stderr)
             return 2
         try:
             bridge.start()
-        except Exception as exc:  # port in use, bad certificate
-            print(f"otel-rl bridge: cannot start: {exc}", file=sys.stderr)
+        except Exception as exc:  # port in use, bad certificate, the gRPC receiver's package missing
+            print(f"otel-rl bridge: cannot start: {exc}{_install_hint(exc)}", file=sys.stderr)
             bridge.stop(5.0)
             return 2
         print(summary_line("ready", **bridge.addresses()), flush=True)
