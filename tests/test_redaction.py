@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import otel_rl
 from otel_rl.config import redact_text, scrub_secrets
 
@@ -47,5 +49,40 @@ def test_no_written_byte_holds_a_url_credential(tmp_path, monkeypatch, capfd):
     files = [p for p in Path(tmp_path).rglob("*") if p.is_file()]
     assert any(p.name == "mlflow.db" for p in files)
     blobs = [p.read_bytes() for p in files] + [out.out.encode(), out.err.encode()]
+    for s in SECRETS:
+        assert not any(s.encode() in b for b in blobs), s
+
+
+@pytest.mark.slow
+def test_no_byte_sent_over_otlp_or_written_by_a_bridge_holds_a_url_credential(tmp_path):
+    """The trainer's OTLP export to a real `otel-rl bridge` (the encoded requests, as the official exporter
+    encodes them) and everything the bridge writes (MLflow store, its log) hold none of the secrets."""
+    from bridge.helpers import BridgeProcess, clean_env, tracker_env
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.sdk.trace import SpanProcessor
+
+    store = tmp_path / "store"
+    store.mkdir()
+    bridge = BridgeProcess(["--exporters", "mlflow", "--trace-backend", "mlflow", "--batch-delay", "0.05"],
+                           clean_env(**tracker_env(store)), store)
+    sent: list[bytes] = []
+
+    class Encoded(SpanProcessor):
+        def on_end(self, span) -> None:
+            sent.append(encode_spans([span]).SerializeToString())
+
+    try:
+        h = otel_rl.init([*OVERRIDES, "trainer.logger=[otlp]"], otlp_endpoint=f"http://{bridge.http}",
+                         otlp_protocol="http/protobuf", spool_dir="off")
+        h.tracer_provider.add_span_processor(Encoded())
+        with otel_rl.step(1):
+            otel_rl.log({"loss": 1.0}, step=1)
+        h.shutdown()
+    finally:
+        assert bridge.terminate() == 0, bridge.log()[-3000:]
+    assert any(b"rl.run.config" in b for b in sent)  # the config went out (redacted)
+    files = [p for p in store.rglob("*") if p.is_file()]
+    assert any(p.name == "mlflow.db" for p in files)
+    blobs = [p.read_bytes() for p in files] + sent + ["\n".join(bridge.lines).encode()]
     for s in SECRETS:
         assert not any(s.encode() in b for b in blobs), s
