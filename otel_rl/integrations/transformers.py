@@ -65,6 +65,9 @@ OVERLAPPING_REPORTERS = {"mlflow": "mlflow", "wandb": "wandb", "swanlab": "swanl
 #: the optimizer step currently open in any callback (the step reward functions run in; they may run on
 #: TRL's asyncio thread, where the callback's context variables are not set)
 _open_step: list[int | None] = [None]
+# the callback whose step is open: a reward function's error leaves the training step (and trainer.train())
+# without on_step_end, so the step ends with that error (otherwise it would stay the current span)
+_stepping: list[Any] = [None]
 
 
 def _number(v: Any) -> bool:
@@ -148,6 +151,7 @@ class OtelRLCallback(TrainerCallback):
             return
         self._step = block
         _open_step[0] = n
+        _stepping[0] = self
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._close_step(None)
@@ -155,6 +159,8 @@ class OtelRLCallback(TrainerCallback):
     def _close_step(self, exc: BaseException | None) -> None:
         block, self._step = self._step, None
         _open_step[0] = None
+        if _stepping[0] is self:
+            _stepping[0] = None
         if block is not None:
             try:
                 block.__exit__(type(exc) if exc else None, exc, None)
@@ -195,6 +201,13 @@ class OtelRLCallback(TrainerCallback):
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._close_step(None)
         otel_rl.flush()
+
+
+def _end_step_in(exc: BaseException) -> None:
+    """End the open training step with `exc`, the error that leaves it (see `_stepping`)."""
+    callback = _stepping[0]
+    if callback is not None:
+        callback._close_step(exc)
 
 
 def _args_dict(args: Any) -> dict:
@@ -274,6 +287,7 @@ class RewardTracer:
                     out = await fn(*args, **kwargs)
                 except BaseException as exc:
                     self._scored(name, kwargs, exc)
+                    _end_step_in(exc)
                     raise
                 self._scored(name, kwargs, out)
                 return out
@@ -286,6 +300,7 @@ class RewardTracer:
                 out = fn(*args, **kwargs)
             except BaseException as exc:
                 self._scored(name, kwargs, exc)
+                _end_step_in(exc)
                 raise
             self._scored(name, kwargs, out)
             return out
