@@ -539,7 +539,8 @@ def init(config: Any = None, *, overrides: Sequence[str] | None = None, tokenize
     given += [cap.joining() for cap in joining if cap not in given]
     # the user's own OpenTelemetry pipeline: a global SDK provider set before init(), not one that a
     # tracker library sets while its exporter starts (_processors); never in the export process
-    global_providers = global_sdk_providers() if os.environ.get(_IN_EXPORT_PROCESS) != "1" else (None, None)
+    global_providers = (global_sdk_providers(registry.REQUIRES.values())
+                        if os.environ.get(_IN_EXPORT_PROCESS) != "1" else (None, None))
     built = _build_exporters(cfg, given)  # raises for unknown names before anything starts
     with _init_lock:
         if RT.handle is not None:

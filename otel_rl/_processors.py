@@ -39,11 +39,26 @@ def _sdk(provider: Any, kind: type) -> Any:
     return inner if isinstance(inner, kind) else None
 
 
-def global_sdk_providers() -> tuple[Any, SdkMeterProvider | None]:
-    """The global providers where they are (or wrap) the SDK's: a user's pipeline; else None."""
+def _installed_by_tracker(provider: Any, tracker_modules: Iterable[str]) -> bool:
+    """Whether a tracker library set `provider` up (weave.init does): one of its span processors comes
+    from that library's package.  Its spans are that tracker's, reached through otel-rl's exporter."""
+    active = getattr(provider, "_active_span_processor", None)
+    roots = set(tracker_modules)
+    for p in getattr(active, "_span_processors", ()) or ():
+        if type(p).__module__.split(".")[0] in roots:
+            return True
+    return False
+
+
+def global_sdk_providers(tracker_modules: Iterable[str] = ()) -> tuple[Any, SdkMeterProvider | None]:
+    """The global providers where they are (or wrap) the SDK's and a user set them up (not a tracker
+    library whose top-level package is in `tracker_modules`); else None."""
     tp = trace_api.get_tracer_provider()
     mp = metrics_api.get_meter_provider()
-    return (tp if _sdk(tp, SdkTracerProvider) is not None else None, _sdk(mp, SdkMeterProvider))
+    sdk_tp = _sdk(tp, SdkTracerProvider)
+    if sdk_tp is None or _installed_by_tracker(sdk_tp, tracker_modules):
+        tp = None
+    return tp, _sdk(mp, SdkMeterProvider)
 
 
 class OtherProcessors:

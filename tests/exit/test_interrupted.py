@@ -29,7 +29,10 @@ def test_ctrl_c_stores_open_trajectories_whole_as_interrupted_and_logs_no_partia
     import mlflow
 
     mlflow.set_tracking_uri(uri)
-    traces = mlflow.search_traces(locations=[run.info.experiment_id], return_type="list", max_results=100)
+    try:
+        traces = mlflow.search_traces(locations=[run.info.experiment_id], return_type="list", max_results=100)
+    finally:
+        mlflow.set_tracking_uri(None)  # later tests take theirs from MLFLOW_TRACKING_URI
     got = sorted((t.info.tags.get("step"), t.info.tags.get("sample_index"), t.info.state.value) for t in traces)
     assert got == [("3", str(i), "ERROR") for i in range(OPEN)]
     for t in traces:
