@@ -540,7 +540,11 @@ def test_opentelemetry_instrument_subprocess(sqlite_uri, tmp_path, monkeypatch):
         + _source_of(_emit_otel_trajectory).replace("_emit_otel_trajectory", "emit"))
     env = dict(os.environ, OTEL_TRACES_EXPORTER="mlflow", OTEL_METRICS_EXPORTER="none", OTEL_LOGS_EXPORTER="none",
                OTEL_RESOURCE_ATTRIBUTES=f"rl.project.name={project},rl.experiment.name=instrumented,rl.run.id=r-1",
-               MLFLOW_TRACKING_URI=sqlite_uri, PYTHONPATH=str(tmp_path))
+               MLFLOW_TRACKING_URI=sqlite_uri, PYTHONPATH=str(tmp_path),
+               # logfire (installed for tests/otel_global) adds a pydantic plugin whose first load imports
+               # concurrent.futures.process; MLflow builds its first pydantic model in the SDK's exit flush,
+               # where that import cannot register its exit hook. Not otel-rl's: the plugin is left out here.
+               PYDANTIC_DISABLE_PLUGINS="logfire-plugin")
     proc = subprocess.run([str(instrument), sys.executable, str(app)], env=env, cwd=tmp_path,
                           capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
