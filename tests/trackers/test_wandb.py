@@ -416,7 +416,7 @@ def test_init_arguments_proxy_entity_and_ids(wandb_dir, monkeypatch):
     ident = RunIdentity("p", "e", "abc123")
     kw = exp.init_kwargs(ident, RunStart(ident, scrub_secrets(cfg.verl_config), 0, 0))
     assert kw["settings"].https_proxy.rstrip("/") == proxy
-    assert kw["config"]["trainer"]["wandb_proxy"] == "http://user:***@proxy.internal:3128"
+    assert kw["config"]["trainer"]["wandb_proxy"] == "http://***@proxy.internal:3128"  # the userinfo redacted
     assert (kw["project"], kw["name"], kw["entity"], kw["id"], kw["resume"], kw["reinit"]) == \
         ("p", "e", "my-team", "abc123", "allow", "create_new")
     monkeypatch.setenv("WANDB_RUN_ID", "users-own-id")
