@@ -94,6 +94,9 @@ def _clean(monkeypatch, tmp_path):
             monkeypatch.delenv(k)
     monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
     monkeypatch.setenv("DO_NOT_TRACK", "true")
+    # these tests read the stores right after shutdown(): give the export process (idle scheduling class,
+    # slow to get the CPU on a busy machine) all the time it needs rather than the default 10 s budget
+    monkeypatch.setenv("OTEL_RL_SHUTDOWN_TIMEOUT_S", "120")
     monkeypatch.chdir(tmp_path)
     yield
     try:

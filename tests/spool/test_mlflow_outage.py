@@ -63,6 +63,7 @@ def test_server_sigkilled_mid_run_and_restarted_everything_arrives_once(server, 
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
     monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
     monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
+    monkeypatch.setenv("OTEL_RL_SHUTDOWN_TIMEOUT_S", "120")  # read right after shutdown(): no 10 s cut-off
     project = f"outage-{uuid.uuid4().hex[:8]}"
     spool_dir = tmp_path / "spool"
     cap = CaptureExporter()
