@@ -43,7 +43,8 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 import otel_rl  # noqa: E402
 from otel_rl._handle import Handle  # noqa: E402
-from otel_rl._pipeline import DeliveryQueue, _Marker  # noqa: E402
+from otel_rl._delivery import DeliveryQueue  # noqa: E402
+from otel_rl._items import FlushMarker  # noqa: E402
 from otel_rl.config import resolve  # noqa: E402
 from otel_rl.exporters.tracker import TrackerExporter  # noqa: E402
 from otel_rl.records import RunIdentity, SpanNode, StepMetrics, Trajectory  # noqa: E402
@@ -132,7 +133,7 @@ def settle(h: Handle, timeout_s: float = 300.0) -> None:
     """Everything logged so far processed by the pipeline worker, then delivered (tracker up) or
     written to the spool (tracker down: `wait_idle` times out at once and spills)."""
     p = h._pipeline
-    marker = _Marker()  # what flush() waits on: set once the worker has processed what came before
+    marker = FlushMarker()  # what flush() waits on: set once the worker has processed what came before
     p._items.append(marker)
     p._wake.set()
     assert marker.event.wait(timeout_s), "pipeline worker did not catch up"

@@ -22,7 +22,8 @@ from . import _exit
 from . import semconv as sc
 from ._instruments import Instruments, views
 from ._lightspan import LightTracer, TimeOrderedIds
-from ._pipeline import GenerationsItem, LogItem, Pipeline, make_span_processor
+from ._items import GenerationsItem, LogItem
+from ._pipeline import Pipeline, make_span_processor
 from ._processors import OtherProcessors, OwnProvider, global_sdk_providers
 from ._runtime import RT, STEP
 from ._sidecar import IN_EXPORT_PROCESS as _IN_EXPORT_PROCESS

@@ -254,3 +254,61 @@ def with_texts(span: ReadableSpan, fields: dict[str, str], max_chars: int) -> Re
                         attributes=attrs, events=span.events, links=span.links, kind=span.kind,
                         status=span.status, start_time=span.start_time, end_time=span.end_time,
                         instrumentation_scope=span.instrumentation_scope)
+
+
+class DecodeJobs:
+    """The token2text jobs the op wrapper leaves for the pipeline (`pending`: span id -> entry, see
+    `pending_entry`), and the tokenizers that travel with shipped spans (`tokenizers`: key -> tokenizer,
+    pickled once for the export process)."""
+
+    def __init__(self) -> None:
+        self.pending: dict[int, tuple] = {}
+        self.tokenizers: dict[int, Any] = {}
+        # id(tokenizer) -> (tokenizer, key), or key None: it cannot travel and is decoded here (kept with
+        # its key, so that its id stays its own)
+        self._keys: dict[int, tuple[Any, int | None]] = {}
+
+    def add(self, span: Any, entry: tuple) -> None:
+        """The op wrapper (training thread): `span`'s output has ids to decode."""
+        self.pending[_span_id(span)] = entry
+
+    def travelling(self, sids: list[int], remote: Any) -> dict[int, tuple]:
+        """The jobs of the spans `sids` whose tokenizer can travel with them, as span id -> (tokenizer key,
+        prompt ids, response ids); they leave `pending`.  The others stay for this process.  A tokenizer
+        seen for the first time goes to `remote` (the export process) ahead of the batch that needs it."""
+        pending = self.pending
+        jobs: dict[int, tuple] = {}
+        for sid in sids:
+            entry = pending.get(sid)
+            if entry is None:
+                continue
+            key = self._key(entry[0], remote)
+            if key is None:
+                continue
+            del pending[sid]
+            if len(entry) == 2:  # (tokenizer, FROM_OUTPUT): the ids travel in the op's output copy
+                jobs[sid] = (key, entry[1])
+                continue
+            tok, p, r = entry
+            try:
+                jobs[sid] = (key, None if p is None else _as_list(p), None if r is None else _as_list(r))
+            except Exception:  # ids that are not a sequence of ints: nothing to decode
+                pass
+        return jobs
+
+    def _key(self, tokenizer: Any, remote: Any) -> int | None:
+        known = self._keys.get(id(tokenizer))
+        if known is not None:
+            return known[1]
+        key = None
+        try:
+            blob = pickle.dumps(tokenizer, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception:
+            blob = None  # it stays: decoded in this process
+        if blob is not None:
+            key = len(self._keys) + 1
+            self.tokenizers[key] = tokenizer
+            if remote is not None:
+                remote.control(("tokenizer", key, blob))  # ahead of the batch that first needs it
+        self._keys[id(tokenizer)] = (tokenizer, key)
+        return key

@@ -24,9 +24,9 @@ from opentelemetry.trace import Link, Status, StatusCode
 
 from . import semconv as sc
 from ._context import attach_span, current_span, detach
-from ._pipeline import TrajectoryStat
+from ._items import TrajectoryStat
 from ._runtime import RT, STEP, TRAJECTORY
-from ._token2text import _span_id, pending_entry, raw_ids
+from ._token2text import pending_entry, raw_ids
 from .serialize import snapshot, to_json
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -287,8 +287,8 @@ class trajectory:
             mode = UNSAMPLED
         st = self._st = TrajectoryState(mode, step_n, sample_index, rollout_n, validate, name)
         p = st.pipeline = RT.pipeline
-        if p is not None and p.defer_s:
-            p.rollout_started()
+        if p is not None and p.rollouts.defer_s:
+            p.rollouts.started()
         st.t0 = _time_ns()
         if mode == SAMPLED:
             st.link = _link_target()
@@ -314,8 +314,8 @@ class trajectory:
             # untraced: only its duration and outcome, for the metrics (when something reads them)
             RT.pipeline.submit(TrajectoryStat((_time_ns() - st.t0) / 1e9, st.validate, ev is not None))
         p = st.pipeline
-        if p is not None and p.defer_s:
-            p.rollout_ended()
+        if p is not None and p.rollouts.defer_s:
+            p.rollouts.ended()
         return False
 
     async def __aenter__(self) -> TrajectoryState:
@@ -459,7 +459,7 @@ def _finish_op_span(span: Any, meta: _OpMeta, result: Any, args: tuple) -> None:
         if tok is not None:
             entry = pending_entry(tok, result, text, RT.max_chars, ids)
             if entry is not None:
-                RT.pipeline.pending_decode[_span_id(span)] = entry
+                RT.pipeline.decodes.add(span, entry)
 
 
 def _wrap(fn: Callable, meta: _OpMeta) -> Callable:

@@ -146,7 +146,7 @@ def _wait(cond, timeout_s: float = 15.0) -> None:
 
 
 def test_gathered_batches_go_out_in_one_call_in_order():
-    from otel_rl._pipeline import DeliveryQueue
+    from otel_rl._delivery import DeliveryQueue
 
     exp = Calls()
     q = DeliveryQueue(exp, 1000, gather_s=1.5)
@@ -163,7 +163,7 @@ def test_gathered_batches_go_out_in_one_call_in_order():
 def test_flush_and_stop_do_not_wait_for_the_interval():
     import time
 
-    from otel_rl._pipeline import DeliveryQueue
+    from otel_rl._delivery import DeliveryQueue
 
     exp = Calls()
     q = DeliveryQueue(exp, 1000, gather_s=60.0)
@@ -186,7 +186,7 @@ def test_a_flush_ends_the_gathering_of_every_queue_at_once():
     import threading
     import time
 
-    from otel_rl._pipeline import DeliveryQueue, wait_all_idle
+    from otel_rl._delivery import DeliveryQueue, wait_all_idle
 
     class Held(Calls):
         def __init__(self):
@@ -221,7 +221,7 @@ def test_a_flush_ends_the_gathering_of_every_queue_at_once():
 
 
 def test_a_bad_batch_in_a_gathered_delivery_drops_only_itself(caplog):
-    from otel_rl._pipeline import DeliveryQueue
+    from otel_rl._delivery import DeliveryQueue
 
     exp = Calls(bad=2)
     q = DeliveryQueue(exp, 1000, gather_s=1.0)
@@ -239,7 +239,7 @@ def test_a_bad_batch_in_a_gathered_delivery_drops_only_itself(caplog):
 def test_only_gathering_exporters_gather_and_the_setting_is_checked():
     import pytest
 
-    from otel_rl._pipeline import DeliveryQueue
+    from otel_rl._delivery import DeliveryQueue
     from otel_rl.config import resolve
 
     class Plain(Calls):
@@ -266,7 +266,7 @@ def test_a_gathering_queue_wakes_its_thread_for_its_first_batch_only():
     """Batches that come while the delivery thread gathers do not wake it (in the training process each
     wake-up costs the training thread a switch of the interpreter lock); a queue that does not gather,
     a flush and a full gathering wake it as before."""
-    from otel_rl._pipeline import _GATHER_MAX_ITEMS, DeliveryQueue
+    from otel_rl._delivery import _GATHER_MAX_ITEMS, DeliveryQueue
 
     class Plain(Calls):
         gathers = False
@@ -329,7 +329,7 @@ class Preparing(Calls):
 def test_a_gathering_queue_hands_each_batch_to_prepare_while_it_gathers():
     """An exporter with `prepare` gets each batch ahead of the gathered delivery (once each, as it comes,
     not when the delivery goes out); the delivery still gets everything, in order, in one call."""
-    from otel_rl._pipeline import DeliveryQueue
+    from otel_rl._delivery import DeliveryQueue
 
     exp = Preparing()
     q = DeliveryQueue(exp, 1000, gather_s=60.0)
@@ -349,7 +349,7 @@ def test_a_gathering_queue_hands_each_batch_to_prepare_while_it_gathers():
 
 
 def test_a_failing_prepare_costs_nothing_but_its_time():
-    from otel_rl._pipeline import DeliveryQueue
+    from otel_rl._delivery import DeliveryQueue
 
     exp = Preparing(fail=True)
     q = DeliveryQueue(exp, 1000, gather_s=0.3)
@@ -493,7 +493,7 @@ def test_a_tracker_rejects_only_the_point_it_refuses_and_delivers_the_rest(caplo
     """Bisecting a refused write finds the bad record among 200; of that step only the refused key is
     rejected, with one warning naming key and step; the other keys and steps are all delivered, and
     the data error is not retried."""
-    from otel_rl._pipeline import DeliveryQueue
+    from otel_rl._delivery import DeliveryQueue
     from otel_rl.config import resolve
     from otel_rl.records import RunIdentity
 

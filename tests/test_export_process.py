@@ -954,7 +954,7 @@ def test_export_process_gc_waits_for_the_runs_then_freezes_them():
         pass
 
     from otel_rl import _sidecar
-    from otel_rl._pipeline import DeliveryQueue
+    from otel_rl._delivery import DeliveryQueue
 
     r, w = os.pipe()
     server = _sidecar._Server(os.fdopen(r, "rb"), os.fdopen(w, "wb"))
@@ -1031,7 +1031,7 @@ def test_export_process_settles_each_batch_once_every_queue_has_delivered_it():
     has not delivered, a queue that is ahead does not hold back the others'; a batch on its way to the
     spool, or spans held for a trajectory still open, hold back theirs."""
     from otel_rl import _sidecar
-    from otel_rl._pipeline import DeliveryQueue
+    from otel_rl._delivery import DeliveryQueue
 
     r, w = os.pipe()
     server = _sidecar._Server(os.fdopen(r, "rb"), os.fdopen(w, "wb"))
@@ -1088,7 +1088,7 @@ def test_export_process_stop_finishes_each_exporter_without_waiting_for_the_othe
     on its own: one still delivering does not hold back another's run from closing.  The process reports
     "stopped" once all of them are done, with everything delivered."""
     from otel_rl import _sidecar
-    from otel_rl._pipeline import DeliveryQueue
+    from otel_rl._delivery import DeliveryQueue
 
     r, w = os.pipe()
     reader = os.fdopen(r, "rb")

@@ -1287,7 +1287,7 @@ def test_token2text_reads_the_ids_from_the_output_copy():
         with otel_rl.trajectory(step=0, sample_index=0):
             prompt, response = [0, 1], [2]
             out = ro.run(prompt, response)
-            entries = list(RT.pipeline.pending_decode.values())
+            entries = list(RT.pipeline.decodes.pending.values())
             prompt.append(3)  # the caller goes on with its lists (as an agent loop does with its context)
             response[0] = 25
         assert out["prompt_ids"] == [0, 1, 3]
@@ -1322,7 +1322,7 @@ def test_token2text_ids_copied_when_the_output_is_not_a_small_plain_copy(case):
     with capture(token2text=True, batch_delay_s=5.0, max_value_chars=1000) as cap:
         with otel_rl.trajectory(step=0, sample_index=0):
             Ops().run([0, 1], [2])
-            entries = list(RT.pipeline.pending_decode.values())
+            entries = list(RT.pipeline.decodes.pending.values())
         assert len(entries) == 1 and len(entries[0]) == 3
         assert [list(map(int, ids)) for ids in entries[0][1:]] == [[0, 1], [2]]
         cap.collect()

@@ -58,12 +58,12 @@ def test_batches_wait_for_the_open_rollouts_and_go_when_the_last_one_closes():
                 h.log({"x": 1.0}, step=1)
             time.sleep(0.4)  # 20 batch delays: all of it stays queued while one rollout is still open
             assert exp.calls == []
-            assert h._pipeline.open_rollouts == 1 and h._pipeline.deferrals >= 1
+            assert h._pipeline.rollouts.open == 1 and h._pipeline.rollouts.deferrals >= 1
             closed = time.monotonic()
         assert wait_for(lambda: len(exp.of(Trajectory)) == 2 and exp.of(StepMetrics), 10)  # no flush
         first = min(exp.first_time(Trajectory), exp.first_time(StepMetrics))
         assert first >= closed and first - closed < 5.0  # seen after the end, not sent at the 60 s bound
-        assert h._pipeline.open_rollouts == 0
+        assert h._pipeline.rollouts.open == 0
     finally:
         h.shutdown(10)
 
@@ -132,7 +132,7 @@ def test_rollouts_one_after_another_do_not_wake_the_pipeline_thread_at_each_end(
             with otel_rl.trajectory(step=0, sample_index=i):
                 time.sleep(0.002)
                 if i == 199:
-                    woken = h._pipeline.deferrals
+                    woken = h._pipeline.rollouts.deferrals
                     assert exp.of(StepMetrics) == []  # still deferred: the stretch goes on
         # looked in on every ~50 ms rather than woken by each of the 200 ends
         assert 1 <= woken <= 40, woken
@@ -148,7 +148,7 @@ def test_zero_turns_deferral_off():
         with otel_rl.trajectory(step=0, sample_index=0):
             h.log({"x": 1.0}, step=0)
             assert wait_for(lambda: exp.of(StepMetrics), 10)
-            assert h._pipeline.open_rollouts == 0 and h._pipeline.deferrals == 0  # not even counted
+            assert h._pipeline.rollouts.open == 0 and h._pipeline.rollouts.deferrals == 0  # not even counted
     finally:
         h.shutdown(10)
 
@@ -188,20 +188,20 @@ def test_open_rollouts_are_counted_exactly_across_threads_tasks_errors_and_sampl
             t.start()
         for t in threads:
             t.join()
-        assert pipeline.open_rollouts == 0
+        assert pipeline.rollouts.open == 0
 
         peak = []
 
         async def rollout(i: int) -> None:
             async with otel_rl.trajectory(step=99, sample_index=i):
                 await asyncio.sleep(0.01)
-                peak.append(pipeline.open_rollouts)
+                peak.append(pipeline.rollouts.open)
 
         async def main():
             await asyncio.gather(*(rollout(i) for i in range(50)))
 
         asyncio.run(main())
-        assert max(peak) == 50 and pipeline.open_rollouts == 0
+        assert max(peak) == 50 and pipeline.rollouts.open == 0
         assert h.flush(20)
         # and nothing was lost while they were deferred: the one sampled trajectory of step 99 arrived
         assert len([t for t in exp.of(Trajectory) if t.step == 99]) == 1

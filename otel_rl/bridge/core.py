@@ -36,7 +36,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from .. import semconv as sc
-from .._pipeline import DeliveryQueue, Pipeline
+from .._delivery import DeliveryQueue
+from .._pipeline import Pipeline
 from .._values import warn_once
 from ..exporters.base import Exporter
 from ..records import Generations, RunIdentity, RunStart, StepMetrics, Trajectory

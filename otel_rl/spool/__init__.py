@@ -4,7 +4,7 @@
 - `store`:  `Spool`, one exporter's directory of append-only, checksummed segment files + ack;
 - `replay`: deliver what spool directories still hold (``otel-rl replay``).
 
-`otel_rl._pipeline.DeliveryQueue` uses them; docs/delivery.md describes the design.
+`otel_rl._delivery.DeliveryQueue` uses them (through `otel_rl._spill.Spiller`); docs/delivery.md describes the design.
 """
 
 from __future__ import annotations

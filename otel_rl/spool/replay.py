@@ -153,7 +153,7 @@ def build_exporter(meta: dict[str, Any]) -> Any:
 def replay_one(path: str, timeout_s: float = 300.0, list_only: bool = False,
                exporters: Sequence[str] | None = None) -> ReplayResult | None:
     """Deliver (or, `list_only`, describe) one spool directory.  None when filtered out by `exporters`."""
-    from .._pipeline import DeliveryQueue
+    from .._delivery import DeliveryQueue
 
     try:
         meta = read_meta(path)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import otel_rl
-from otel_rl._pipeline import DeliveryQueue
+from otel_rl._delivery import DeliveryQueue
 from otel_rl.exporters.tracker import TrackerExporter
 from otel_rl.records import RunIdentity, RunStart, StepMetrics
 from otel_rl.spool import SpoolOptions, options_for

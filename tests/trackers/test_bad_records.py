@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from otel_rl._pipeline import DeliveryQueue
+from otel_rl._delivery import DeliveryQueue
 from otel_rl.config import resolve
 from otel_rl.records import RunIdentity, StepMetrics
 

@@ -1,0 +1,59 @@
+"""The delivery queue's data: one batch (`Entry`) and one exporter's counts (`ExporterStats`)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+
+class ExporterStats:
+    __slots__ = ("exported", "failed_attempts", "dropped", "retried", "queued", "in_memory", "spooled",
+                 "spool_pending", "spool_bytes", "replayed", "corrupt_frames", "rejected", "shed")
+
+    def __init__(self) -> None:
+        self.exported = 0  # items delivered (records + spans)
+        self.failed_attempts = 0
+        self.dropped = 0  # items given up on: memory overflow without a spool, spool cap, poison batches
+        self.retried = 0
+        self.queued = 0  # items not delivered yet: in memory + in the spool
+        self.in_memory = 0  # of which only in memory (lost if the process dies)
+        self.spooled = 0  # items written to the spool (cumulative)
+        self.spool_pending = 0  # items in the spool, not delivered yet
+        self.spool_bytes = 0  # bytes of the spool's segment files
+        self.replayed = 0  # items delivered from the spool (cumulative; part of `exported`)
+        self.corrupt_frames = 0  # spool regions skipped as corrupt (checksum, torn tail, unreadable)
+        self.rejected = 0  # records (or a step's points) the tracker refused as bad data, each alone
+        self.shed = 0  # spans dropped from a memory queue over its bound (part of `dropped`; records never are)
+
+    def as_dict(self) -> dict[str, int]:
+        return {k: getattr(self, k) for k in self.__slots__}
+
+
+class Entry:
+    """One batch: in memory, and on disk too once it has a spool frame."""
+
+    __slots__ = ("spans", "records", "n", "frame", "spans_done", "unspoolable", "t", "parts", "alone", "seq",
+                 "prepared")
+
+    def __init__(self, spans: list, records: list, n: int, frame: Any = None, seq: int = 0):
+        self.spans = spans
+        self.records = records
+        self.n = n
+        self.seq = seq  # the export process's batch number it came in (0: none); see oldest_unsafe_seq
+        self.frame = frame  # otel_rl.spool.store.Frame once written to the spool
+        self.spans_done = False  # a retry after a records failure does not resend the spans
+        self.unspoolable = False  # could not be written (codec error / cap): delivered from memory only
+        self.t = time.monotonic()  # when it was queued (export_interval_s counts from the oldest)
+        self.parts: list[Entry] | None = None  # a gathered batch: the batches it was made of
+        self.alone = False  # split off a gathered batch that failed: delivered alone
+        self.prepared = False  # handed to the exporter's `prepare` while its delivery gathered
+
+    @staticmethod
+    def gather(parts: list[Entry]) -> Entry:
+        """One delivery made of several memory batches, in order (their spans, then their records)."""
+        spans = [s for p in parts for s in p.spans]
+        records = [r for p in parts for r in p.records]
+        e = Entry(spans, records, sum(p.n for p in parts), seq=parts[0].seq)
+        e.t = parts[0].t
+        e.parts = parts
+        return e
