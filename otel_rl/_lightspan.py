@@ -28,9 +28,8 @@ from typing import Any
 from opentelemetry import trace as trace_api
 from opentelemetry.sdk.trace import Event, ReadableSpan, SpanLimits
 from opentelemetry.sdk.trace.id_generator import IdGenerator
-from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, get_current_span
 
-from ._context import current_raw, current_span
 from ._values import warn_once
 from .serialize import DEFAULT_MAX_CHARS, materialize
 
@@ -278,7 +277,7 @@ class LightTracer:
 
     def start_in_current(self, name: str, attributes: dict[str, Any]) -> LightSpan:
         """A span under the current span (OpenTelemetry's context), or a new trace's root if there is none."""
-        span = current_raw()
+        span = get_current_span()
         if type(span) is LightSpan:  # the common case (an op inside an op or a trajectory): its own context,
             parent = span._context  # made by `_new_context`, valid
             ctx = _new_context(parent[0] if CONTEXT_IS_TUPLE else parent.trace_id, _bits(64) or new_span_id())
@@ -287,4 +286,4 @@ class LightTracer:
             if others is not None and others.active:
                 others.on_start(light)
             return light
-        return self.start(name, current_span().get_span_context(), attributes)
+        return self.start(name, span.get_span_context(), attributes)

@@ -23,7 +23,6 @@ from opentelemetry import trace as trace_api
 from opentelemetry.trace import Link, Status, StatusCode
 
 from . import semconv as sc
-from ._context import attach_span, current_span, detach
 from ._items import TrajectoryStat
 from ._runtime import RT, STEP, TRAJECTORY
 from ._token2text import pending_entry, raw_ids
@@ -71,7 +70,7 @@ def _link_target() -> Any:
     st = STEP.get()
     if st is not None and st.span_context is not None:
         return st.span_context
-    ctx = current_span().get_span_context()
+    ctx = trace_api.get_current_span().get_span_context()
     return ctx if ctx.is_valid else None
 
 
@@ -113,7 +112,7 @@ class step:
         if RT.tracing:
             st.span = RT.light.start(sc.SPAN_STEP, None, {sc.RL_STEP: st.n, sc.RL_SPAN_KIND: sc.KIND_STEP})
             st.span_context = st.span.get_span_context()
-            st.ctx_token = attach_span(st.span)
+            st.ctx_token = otel_context.attach(trace_api.set_span_in_context(st.span))
         st.var_token = STEP.set(st)
         return st
 
@@ -123,7 +122,7 @@ class step:
             RT.handle.log(dict(st.timings), step=st.n)  # while the step is current: parented to its span
         STEP.reset(st.var_token)
         if st.span is not None:
-            detach(st.ctx_token)
+            otel_context.detach(st.ctx_token)
             if ev is not None:
                 _record_exception(st.span, ev)
             st.span.end()
@@ -155,14 +154,14 @@ class timer:
         if RT.tracing:
             self._span = RT.light.start_in_current(self.name, {sc.RL_TIMER_NAME: self.name,
                                                                sc.RL_SPAN_KIND: sc.KIND_TIMER})
-            self._token = attach_span(self._span)
+            self._token = otel_context.attach(trace_api.set_span_in_context(self._span))
         self._t0 = _perf()
         return self
 
     def __exit__(self, et: Any, ev: BaseException | None, tb: Any) -> bool:
         dt = self.last = _perf() - self._t0
         if self._span is not None:
-            detach(self._token)
+            otel_context.detach(self._token)
             if ev is not None:
                 _record_exception(self._span, ev)
             self._span.end()
@@ -293,7 +292,7 @@ class trajectory:
         if mode == SAMPLED:
             st.link = _link_target()
             st.span = RT.light.start(name or sc.SPAN_TRAJECTORY, None, st.attributes(), _links_to(st.link))
-            st.ctx_token = attach_span(st.span, _EMPTY_CONTEXT)
+            st.ctx_token = otel_context.attach(trace_api.set_span_in_context(st.span, _EMPTY_CONTEXT))
             _open_traced[id(st)] = st
         st.var_token = TRAJECTORY.set(st)
         return st
@@ -302,7 +301,7 @@ class trajectory:
         st = self._st
         TRAJECTORY.reset(st.var_token)
         if st.mode == SAMPLED:
-            detach(st.ctx_token)
+            otel_context.detach(st.ctx_token)
             if _open_traced.pop(id(st), None) is not None:  # (else ended at shutdown, as interrupted)
                 if ev is not None:
                     _record_exception(st.span, ev)
@@ -488,7 +487,7 @@ def _wrap_sync(fn: Callable, meta: _OpMeta) -> Callable:
                 st.note_error(meta.name, meta.kind, t0, _time_ns(), exc)
                 raise
         span = _start_op_span(meta, args, kwargs)
-        token = attach_span(span)
+        token = otel_context.attach(trace_api.set_span_in_context(span))
         try:
             result = fn(*args, **kwargs)
         except BaseException as exc:
@@ -498,7 +497,7 @@ def _wrap_sync(fn: Callable, meta: _OpMeta) -> Callable:
             _finish_op_span(span, meta, result, args)
             return result
         finally:
-            detach(token)
+            otel_context.detach(token)
             span.end()
 
     return wrapper
@@ -520,7 +519,7 @@ def _wrap_async(fn: Callable, meta: _OpMeta) -> Callable:
                 st.note_error(meta.name, meta.kind, t0, _time_ns(), exc)
                 raise
         span = _start_op_span(meta, args, kwargs)
-        token = attach_span(span)
+        token = otel_context.attach(trace_api.set_span_in_context(span))
         try:
             result = await fn(*args, **kwargs)
         except BaseException as exc:
@@ -530,7 +529,7 @@ def _wrap_async(fn: Callable, meta: _OpMeta) -> Callable:
             _finish_op_span(span, meta, result, args)
             return result
         finally:
-            detach(token)
+            otel_context.detach(token)
             span.end()
 
     return wrapper
@@ -575,7 +574,7 @@ def _wrap_gen(fn: Callable, meta: _OpMeta) -> Callable:
                                     if stop.value is not None else items, args)
                     return stop.value
                 finally:
-                    detach(token)
+                    otel_context.detach(token)
                 if len(items) < _MAX_ITEMS_KEPT:
                     items.append(item)
                 try:
@@ -634,7 +633,7 @@ def _wrap_asyncgen(fn: Callable, meta: _OpMeta) -> Callable:
                     _finish_op_span(span, meta, items, args)
                     return
                 finally:
-                    detach(token)
+                    otel_context.detach(token)
                 if len(items) < _MAX_ITEMS_KEPT:
                     items.append(item)
                 try:
