@@ -75,14 +75,22 @@ def _pace(done_fd: int, go_fd: int) -> None:
     wake = os.environ.get("LOCKSTEP_WAKE", "")
     if wake:
         _start_waker(wake)
-    from otel_rl._runtime import RT
+    from otel_rl import _runtime
+
+    muted: list = []  # the runtime switched off (its pipeline still runs)
+
+    def switch_off() -> None:
+        if _runtime.active.handle is not None:
+            muted[:] = [_runtime.active]
+        _runtime.uninstall()  # what the decorators and context managers read
 
     if hold or quiet_gen or only_gen:
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         from bench_telemetry_cpu import _descendants
 
     def export_pids() -> list[int]:
-        remote = RT.pipeline.remote if RT.pipeline is not None else None
+        rt = muted[0] if muted else _runtime.active
+        remote = rt.handle._pipeline.remote if rt.handle is not None else None
         return _descendants(remote.pid) if remote is not None else []
 
     def signal_export(sig: int) -> None:
@@ -117,7 +125,7 @@ def _pace(done_fd: int, go_fd: int) -> None:
     class PacedTrainer(base):  # type: ignore[misc, valid-type]
         def __init__(self, cfg, on_step=None):
             if mute == "start":
-                RT.handle, RT.tracing = None, False  # what the decorators and context managers read
+                switch_off()
             started = [time.perf_counter(), time.thread_time(), _faults()]
 
             def paced(step, metrics):
@@ -134,7 +142,7 @@ def _pace(done_fd: int, go_fd: int) -> None:
                 if os.read(go_fd, 1) != b"g":
                     raise SystemExit("lockstep: the benchmark went away")
                 if mute in ("1", "start"):
-                    RT.handle, RT.tracing = None, False
+                    switch_off()
                 if hold or only_gen:  # the benchmark's go-ahead continued the whole process group
                     import signal
 

@@ -44,7 +44,7 @@ def main() -> None:
         sys.exit("--skip must be at least 0 and less than --block")
     in_process_environment()
 
-    from otel_rl._runtime import RT
+    from otel_rl import _runtime
     from otel_rl.demo import trainer as trainer_mod
 
     base = trainer_mod.GRPOTrainer
@@ -81,9 +81,9 @@ def main() -> None:
                     rows.append((step, on[0], cpu - mark[0], wall - mark[1], gc_clock.seconds - mark[2], vol - mark[3],
                                  invol - mark[4], moves - mark[5]))
                 if not saved:
-                    saved.append((RT.handle, RT.tracing))
+                    saved.append(_runtime.active)
                 on[0] = ((step + 1) // args.block) % 2 == 0  # for the next step: blocks by step number
-                RT.handle, RT.tracing = saved[0] if on[0] else (None, False)
+                _runtime.install(saved[0]) if on[0] else _runtime.uninstall()
                 mark[:] = [time.thread_time(), time.perf_counter(), gc_clock.seconds, *switches()]
 
             super().__init__(cfg, on_step=paced)
@@ -93,7 +93,7 @@ def main() -> None:
         run_in_process(args.seed, args.steps, ["trainer.test_freq=0", *args.overrides], "bench_blocks_")
     finally:
         if saved:
-            RT.handle, RT.tracing = saved[0]
+            _runtime.install(saved[0])
         gc_clock.stop()
     # block b holds steps b*block .. b*block+block-1; the first block (step 0 is not a training step) is left out
     kept = [r for r in rows if r[0] >= args.block and r[0] % args.block >= args.skip]

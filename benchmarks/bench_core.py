@@ -49,7 +49,7 @@ from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult  # noqa: E402
 
 import otel_rl  # noqa: E402
-from otel_rl._runtime import RT  # noqa: E402
+from otel_rl import _runtime  # noqa: E402
 
 pc = time.perf_counter_ns
 
@@ -273,14 +273,14 @@ def print_table() -> None:
 
 def start(**kw: Any) -> otel_rl.Handle:
     h = otel_rl.init(project="bench", experiment="bench", exporters=[Null()], **kw)
-    assert RT.tracing, "tracing should be on"
+    assert _runtime.active.tracing, "tracing should be on"
     return h
 
 
 def stop(h: otel_rl.Handle) -> None:
     check_memory(h)
     h.shutdown()
-    assert RT.handle is None and not RT.tracing
+    assert _runtime.active.handle is None and not _runtime.active.tracing
 
 
 def rss_mb() -> float:
@@ -448,7 +448,7 @@ def section_disabled(cfg: dict) -> None:
     chunk, chunks, repeats = cfg["chunk_fast"], cfg["chunks_fast"], cfg["repeats"]
 
     # 3a. no init at all
-    assert RT.handle is None and not RT.tracing
+    assert _runtime.active.handle is None and not _runtime.active.tracing
 
     def op_noinit(n: int) -> int:
         f = op_f

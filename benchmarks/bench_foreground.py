@@ -59,7 +59,7 @@ def main() -> None:
     args = ap.parse_args()
     in_process_environment()
 
-    from otel_rl._runtime import RT
+    from otel_rl import _runtime
     from otel_rl.demo import trainer as trainer_mod
 
     base = trainer_mod.GRPOTrainer
@@ -138,15 +138,15 @@ def main() -> None:
         def _half(self, half, problems, n, sampling_params, step):
             """One rollout (not validation), with otel-rl switched off for the "off" half (both with
             --check): its outputs and the training thread's CPU time for it."""
-            handle, tracing = RT.handle, RT.tracing
+            rt = _runtime.active
             if half == "off" or args.check:
-                RT.handle, RT.tracing = None, False  # what the decorators and context managers read
+                _runtime.uninstall()  # what the decorators and context managers read
             try:
                 t0 = time.thread_time()
                 outs = super().generate_sequences(problems, n, sampling_params, step, False)
                 return outs, time.thread_time() - t0
             finally:
-                RT.handle, RT.tracing = handle, tracing
+                _runtime.install(rt)
 
     trainer_mod.GRPOTrainer = Paired
     run_in_process(args.seed, args.steps, args.overrides, "bench_foreground_")

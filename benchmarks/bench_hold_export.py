@@ -51,13 +51,14 @@ def main() -> None:
     in_process_environment()
 
     import otel_rl
-    from otel_rl._runtime import RT
+    from otel_rl import _runtime
     from otel_rl.demo import trainer as trainer_mod
 
     def signal_export(sig: int) -> None:
         if args.check:
             return
-        remote = RT.pipeline.remote if RT.pipeline is not None else None
+        h = _runtime.active.handle
+        remote = h._pipeline.remote if h is not None else None
         pids = _descendants(remote.pid) if remote is not None else []
         if args.only:
             pids = [p for p in pids if _comm(p).startswith(args.only)]

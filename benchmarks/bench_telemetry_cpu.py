@@ -106,7 +106,7 @@ def main() -> None:
 
     import torch
 
-    from otel_rl._runtime import RT
+    from otel_rl import _runtime
     from otel_rl.demo import agent_loop, trainer as trainer_mod
     from otel_rl.demo.task import CALL, RESULT
 
@@ -157,16 +157,16 @@ def main() -> None:
                 if on_step is not None:
                     on_step(step, metrics)
                 if step == 0:
-                    state["saved"] = (RT.handle, RT.tracing)
+                    state["saved"] = _runtime.active
                     state["mark"] = self._mark()
                     self._switch(state, True)
                     return
                 if step % args.block == 0:
-                    on = RT.handle is not None
-                    if on and RT.handle is not None:
+                    on = _runtime.active.handle is not None
+                    if on:
                         if state.get("paused"):
                             _signal_all(state.pop("paused"), signal.SIGCONT)
-                        RT.handle.flush()
+                        _runtime.active.handle.flush()
                     if profiler is not None and on:
                         profiler.disable()
                     now = self._mark()
@@ -180,21 +180,22 @@ def main() -> None:
             super().__init__(cfg, on_step=paced)
 
         def _mark(self):
-            remote = RT.pipeline.remote if RT.pipeline is not None else None
+            saved = paused_state.get("saved")
+            remote = saved.handle._pipeline.remote if saved is not None else None
             return (time.process_time(), time.thread_time(), _proc_cpu_s(remote.pid) if remote is not None else 0.0,
                     gc_clock.seconds)
 
         def _switch(self, state, on):
             if on:
-                RT.handle, RT.tracing = state["saved"]
-                remote = RT.pipeline.remote if RT.pipeline is not None else None
+                _runtime.install(state["saved"])
+                remote = state["saved"].handle._pipeline.remote if state["saved"] is not None else None
                 if args.pause_export and remote is not None:
                     state["paused"] = _descendants(remote.pid)
                     _signal_all(state["paused"], signal.SIGSTOP)
                 if profiler is not None:
                     profiler.enable()
             else:
-                RT.handle, RT.tracing = None, False
+                _runtime.uninstall()
 
     trainer_mod.GRPOTrainer = Bare
     paused_state: dict = {}

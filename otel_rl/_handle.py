@@ -25,7 +25,8 @@ from ._lightspan import LightTracer, TimeOrderedIds
 from ._items import GenerationsItem, LogItem
 from ._pipeline import Pipeline, make_span_processor
 from ._processors import OtherProcessors, OwnProvider, global_sdk_providers
-from ._runtime import RT, STEP
+from . import _runtime
+from ._runtime import STEP, Runtime
 from ._sidecar import IN_EXPORT_PROCESS as _IN_EXPORT_PROCESS
 from ._sidecar import SidecarClient
 from ._values import coerce_metrics, warn_once
@@ -69,8 +70,8 @@ class Handle:
         self._lock = threading.Lock()
         self._last_step = 0
         cfg = config
-        self.tracing = bool(not cfg.disabled and (cfg.tracing if cfg.tracing is not None else
-                                                  any(e.wants_spans or e.wants_trajectories for e in exporters)))
+        tracing = bool(not cfg.disabled and (cfg.tracing if cfg.tracing is not None else
+                                             any(e.wants_spans or e.wants_trajectories for e in exporters)))
         attrs: dict[str, Any] = dict(cfg.resource_attributes)
         attrs.update({
             sc.SERVICE_NAME: cfg.service_name,
@@ -103,9 +104,11 @@ class Handle:
         self.light = LightTracer(self._pipeline.submit, self.resource, scope, self.others,
                                  max_chars=cfg.max_value_chars)
         if self.others.active and not cfg.disabled and cfg.tracing is None:
-            self.tracing = True
+            tracing = True
         self.sampler = Sampler(cfg.run_id, cfg.max_samples)
         self.tokenizer = tokenizer
+        # what the decorators read (installed by init(); `tracing` lives there)
+        self.runtime = Runtime(self, self._pipeline, tracing)
         self._emit_run_start()
 
     def _update_record_targets(self) -> None:
@@ -299,8 +302,6 @@ class Handle:
                 existing.wants_trajectories = True
         if token2text is not None:
             self.config.token2text = bool(token2text)
-            if RT.handle is self:
-                RT.token2text = self.config.token2text
         if max_samples is not None:
             self.config.max_samples = max_samples
             self.sampler.max_samples = max_samples
@@ -311,8 +312,6 @@ class Handle:
         if cfg.disabled or cfg.tracing is not None:
             return
         self.tracing = self.others.active or any(e.wants_spans or e.wants_trajectories for e in self.exporters)
-        if RT.handle is self:
-            RT.tracing = self.tracing
 
     def _run_start_record(self) -> Any:
         import json
@@ -379,9 +378,9 @@ class Handle:
         if timeout_s is None:
             timeout_s = self.config.shutdown_timeout_s
         deadline = time.monotonic() + timeout_s  # one budget for all stages and exporters
-        if RT.handle is self:
+        if _runtime.active is self.runtime:
             end_open_trajectories()  # before the pipeline's last batches: their traces go whole
-            RT.reset()
+            _runtime.uninstall()
         if self._sidecar is not None:
             self._sidecar.outcome = outcome
         told = [e for e in self.exporters if not getattr(e, "remote", False)]
@@ -418,6 +417,15 @@ class Handle:
             self.tracer_provider.shutdown()
         except Exception:
             pass
+
+    @property
+    def tracing(self) -> bool:
+        """Whether spans are made (kept in the handle's runtime, which the decorators read)."""
+        return self.runtime.tracing
+
+    @tracing.setter
+    def tracing(self, value: bool) -> None:
+        self.runtime.tracing = value
 
     @property
     def closed(self) -> bool:
@@ -490,7 +498,7 @@ class _ForwardingTracerProvider(trace_api.TracerProvider):
     """Installed as the global provider (once): forwards to the current handle's provider."""
 
     def get_tracer(self, *args: Any, **kwargs: Any) -> trace_api.Tracer:
-        h = RT.handle
+        h = _runtime.active.handle
         if h is None:
             return trace_api.NoOpTracer()
         return h.tracer_provider.get_tracer(*args, **kwargs)
@@ -544,25 +552,17 @@ def init(config: Any = None, *, overrides: Sequence[str] | None = None, tokenize
                         if os.environ.get(_IN_EXPORT_PROCESS) != "1" else (None, None))
     built = _build_exporters(cfg, given)  # raises for unknown names before anything starts
     with _init_lock:
-        if RT.handle is not None:
-            if not getattr(RT.handle, "replaced_quietly", False):
+        previous = _runtime.active.handle
+        if previous is not None:
+            if not getattr(previous, "replaced_quietly", False):
                 _log.warning("otel-rl: init() called again; shutting down the previous pipeline")
-            RT.handle.shutdown()
+            previous.shutdown()
         handle = Handle(cfg, built, tokenizer, global_providers)
         for cap in joining:
             cap.handle = handle
         global forked_from
         forked_from = None
-        RT.handle = handle
-        RT.tracer = handle.tracer
-        RT.light = handle.light
-        RT.tracing = handle.tracing
-        RT.pipeline = handle._pipeline
-        RT.sampler = handle.sampler
-        RT.max_chars = cfg.max_value_chars
-        RT.token2text = cfg.token2text
-        RT.tokenizer = tokenizer
-        RT.experiment = cfg.experiment
+        _runtime.install(handle.runtime)
         if not _atexit_registered:
             atexit.register(_shutdown_current)
             _atexit_registered = True
@@ -580,9 +580,9 @@ forked_from: int | None = None
 def _after_fork_in_child() -> None:
     # the pipeline's threads do not exist in a forked child: telemetry there is off until it calls init()
     global forked_from
-    if RT.handle is not None:
+    if _runtime.active.handle is not None:
         forked_from = os.getppid()
-        RT.reset()
+        _runtime.uninstall()
         _open_traced.clear()  # the parent's rollouts
         _log.debug("otel-rl: forked child: telemetry off until otel_rl.init() is called in the child")
 
@@ -592,10 +592,10 @@ if hasattr(os, "register_at_fork"):
 
 
 def _shutdown_current() -> None:
-    h = RT.handle
+    h = _runtime.active.handle
     if h is not None:
         h.shutdown()  # within its shutdown_timeout_s
 
 
 def current() -> Handle | None:
-    return RT.handle
+    return _runtime.active.handle

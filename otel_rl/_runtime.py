@@ -1,4 +1,11 @@
-"""Process-wide state the decorators read on every call (kept tiny for speed)."""
+"""What the decorators see of the running pipeline: one narrow object, read on every call.
+
+`active` is the current handle's `Runtime` (`otel_rl.init` installs it, shutdown puts `NULL` back); with
+nothing initialised it is `NULL`, whose `tracing` is False, so a decorated call only pays for that test.
+The runtime is the handle's own (`Handle.runtime`), not a copy of it: `tracing` lives here, and what the
+decorators do to the pipeline (an untraced trajectory's statistics, a token2text job, a rollout's start
+and end) goes through its methods, never through the pipeline's fields.
+"""
 
 from __future__ import annotations
 
@@ -6,36 +13,99 @@ import copyreg
 from contextvars import ContextVar
 from typing import Any
 
+from ._items import TrajectoryStat
+from .serialize import DEFAULT_MAX_CHARS
+
 
 def _same_in_this_process(name: str) -> Any:
     return globals()[name]
 
 
 class Runtime:
-    __slots__ = ("handle", "tracer", "light", "tracing", "pipeline", "sampler", "max_chars", "token2text",
-                 "tokenizer", "experiment")
+    __slots__ = ("handle", "config", "tracing", "tracer", "light", "sampler", "tokenizer", "_pipeline",
+                 "_rollouts")
 
-    def __init__(self) -> None:
-        self.reset()
+    def __init__(self, handle: Any, pipeline: Any, tracing: bool) -> None:
+        self.handle = handle  # otel_rl.Handle: `otel_rl.current()`
+        self.config = handle.config  # max_value_chars, token2text, experiment (as `update` leaves them)
+        self.tracing = tracing
+        self.tracer = handle.tracer
+        self.light = handle.light  # otel_rl._lightspan.LightTracer: step, timer, trajectory and op spans
+        self.sampler = handle.sampler
+        self.tokenizer = handle.tokenizer
+        self._pipeline = pipeline
+        rollouts = pipeline.rollouts
+        self._rollouts = rollouts if rollouts.defer_s > 0 else None
 
-    def reset(self) -> None:
-        self.handle: Any = None
-        self.tracer: Any = None
-        self.light: Any = None  # otel_rl._lightspan.LightTracer: step, timer, trajectory and op spans
-        self.tracing = False
-        self.pipeline: Any = None
-        self.sampler: Any = None
-        self.max_chars = 256 * 1024
-        self.token2text = False
-        self.tokenizer: Any = None
-        self.experiment = ""
+    def untraced_trajectory(self, duration_s: float, validate: bool, error: bool) -> None:
+        """A trajectory that was not traced: its duration and outcome, for the metrics (if read)."""
+        p = self._pipeline
+        if p.instruments is not None:
+            p.submit(TrajectoryStat(duration_s, validate, error))
+
+    def decode_later(self, span: Any, entry: tuple) -> None:
+        """token2text: `span`'s output has ids that the pipeline decodes off this thread."""
+        self._pipeline.decodes.add(span, entry)
+
+    def rollout_started(self) -> None:
+        r = self._rollouts
+        if r is not None:
+            r.started()
+
+    def rollout_ended(self) -> None:
+        r = self._rollouts
+        if r is not None:
+            r.ended()
 
     def __reduce__(self) -> Any:
-        # decorated functions shipped by value (Ray, cloudpickle) refer to the process's own runtime
-        return (_same_in_this_process, ("RT",))
+        # shipped by value (Ray, cloudpickle): the receiving process's own runtime
+        return (_current, ())
 
 
-RT = Runtime()
+class _NullConfig:
+    """What the decorators read of the config while nothing is initialised (a call in flight at shutdown)."""
+
+    __slots__ = ()
+    max_value_chars = DEFAULT_MAX_CHARS
+    token2text = False
+    experiment = ""
+
+
+class NullRuntime(Runtime):
+    """Nothing initialised (or shut down, or a forked child): nothing is traced, nothing is kept."""
+
+    def __init__(self) -> None:
+        self.handle = None
+        self.config = _NullConfig()
+        self.tracing = False
+        self.tracer = self.light = self.sampler = self.tokenizer = None
+        self._pipeline = self._rollouts = None
+
+    def untraced_trajectory(self, duration_s: float, validate: bool, error: bool) -> None:
+        pass
+
+    def decode_later(self, span: Any, entry: tuple) -> None:
+        pass
+
+
+NULL = NullRuntime()
+#: the current handle's runtime (NULL when there is none); read as `_runtime.active`, never imported by name
+active: Runtime = NULL
+
+
+def _current() -> Runtime:
+    return active
+
+
+def install(rt: Runtime) -> None:
+    global active
+    active = rt
+
+
+def uninstall() -> None:
+    global active
+    active = NULL
+
 
 # The trajectory and step the current task/thread is in (None outside).
 TRAJECTORY: ContextVar[Any] = ContextVar("otel_rl_trajectory", default=None)

@@ -23,8 +23,8 @@ from opentelemetry import trace as trace_api
 from opentelemetry.trace import Link, Status, StatusCode
 
 from . import semconv as sc
-from ._items import TrajectoryStat
-from ._runtime import RT, STEP, TRAJECTORY
+from . import _runtime
+from ._runtime import STEP, TRAJECTORY
 from ._token2text import pending_entry, raw_ids
 from .serialize import snapshot, to_json
 
@@ -109,8 +109,8 @@ class step:
 
     def __enter__(self) -> _StepState:
         st = self._st = _StepState(self._n)
-        if RT.tracing:
-            st.span = RT.light.start(sc.SPAN_STEP, None, {sc.RL_STEP: st.n, sc.RL_SPAN_KIND: sc.KIND_STEP})
+        if _runtime.active.tracing:
+            st.span = _runtime.active.light.start(sc.SPAN_STEP, None, {sc.RL_STEP: st.n, sc.RL_SPAN_KIND: sc.KIND_STEP})
             st.span_context = st.span.get_span_context()
             st.ctx_token = otel_context.attach(trace_api.set_span_in_context(st.span))
         st.var_token = STEP.set(st)
@@ -118,8 +118,8 @@ class step:
 
     def __exit__(self, et: Any, ev: BaseException | None, tb: Any) -> bool:
         st = self._st
-        if st.timings and RT.handle is not None and (ev is None or isinstance(ev, Exception)):
-            RT.handle.log(dict(st.timings), step=st.n)  # while the step is current: parented to its span
+        if st.timings and _runtime.active.handle is not None and (ev is None or isinstance(ev, Exception)):
+            _runtime.active.handle.log(dict(st.timings), step=st.n)  # while the step is current: parented to its span
         STEP.reset(st.var_token)
         if st.span is not None:
             otel_context.detach(st.ctx_token)
@@ -151,8 +151,8 @@ class timer:
 
     def __enter__(self) -> timer:
         self._span = None
-        if RT.tracing:
-            self._span = RT.light.start_in_current(self.name, {sc.RL_TIMER_NAME: self.name,
+        if _runtime.active.tracing:
+            self._span = _runtime.active.light.start_in_current(self.name, {sc.RL_TIMER_NAME: self.name,
                                                                sc.RL_SPAN_KIND: sc.KIND_TIMER})
             self._token = otel_context.attach(trace_api.set_span_in_context(self._span))
         self._t0 = _perf()
@@ -187,7 +187,7 @@ class TrajectoryState:
     """What `with trajectory(...) as t` gives: `t.sampled`, `t.set_reward(x)`, `t.span`."""
 
     __slots__ = ("mode", "step", "sample_index", "rollout_n", "validate", "name", "span", "errors", "t0",
-                 "var_token", "ctx_token", "link", "reward", "pipeline")
+                 "var_token", "ctx_token", "link", "reward", "runtime")
 
     def __init__(self, mode: int, step: int | None, sample_index: int | None, rollout_n: int | None,
                  validate: bool, name: str | None):
@@ -222,7 +222,7 @@ class TrajectoryState:
 
     def attributes(self) -> dict[str, Any]:
         a: dict[str, Any] = {sc.RL_SPAN_KIND: sc.KIND_AGENT, sc.RL_VALIDATE: self.validate,
-                             sc.RL_EXPERIMENT_NAME: RT.experiment}
+                             sc.RL_EXPERIMENT_NAME: _runtime.active.config.experiment}
         if self.step is not None:
             a[sc.RL_STEP] = self.step
         if self.sample_index is not None:
@@ -278,20 +278,19 @@ class trajectory:
         if step_n is None:
             step_n = current_step()
         parent = TRAJECTORY.get()
-        if not trace or not RT.tracing or (parent is not None and parent.mode == OFF):
+        if not trace or not _runtime.active.tracing or (parent is not None and parent.mode == OFF):
             mode = OFF
-        elif RT.sampler.decide(step_n, sample_index, validate):
+        elif _runtime.active.sampler.decide(step_n, sample_index, validate):
             mode = SAMPLED
         else:
             mode = UNSAMPLED
         st = self._st = TrajectoryState(mode, step_n, sample_index, rollout_n, validate, name)
-        p = st.pipeline = RT.pipeline
-        if p is not None and p.rollouts.defer_s:
-            p.rollouts.started()
+        rt = st.runtime = _runtime.active
+        rt.rollout_started()
         st.t0 = _time_ns()
         if mode == SAMPLED:
             st.link = _link_target()
-            st.span = RT.light.start(name or sc.SPAN_TRAJECTORY, None, st.attributes(), _links_to(st.link))
+            st.span = _runtime.active.light.start(name or sc.SPAN_TRAJECTORY, None, st.attributes(), _links_to(st.link))
             st.ctx_token = otel_context.attach(trace_api.set_span_in_context(st.span, _EMPTY_CONTEXT))
             _open_traced[id(st)] = st
         st.var_token = TRAJECTORY.set(st)
@@ -309,12 +308,9 @@ class trajectory:
         elif st.mode == UNSAMPLED and (ev is not None or st.errors):
             st.link = _link_target()  # the same step and span are current as at __enter__
             _emit_kept_error(st, ev)
-        elif RT.pipeline is not None and RT.pipeline.instruments is not None:
-            # untraced: only its duration and outcome, for the metrics (when something reads them)
-            RT.pipeline.submit(TrajectoryStat((_time_ns() - st.t0) / 1e9, st.validate, ev is not None))
-        p = st.pipeline
-        if p is not None and p.rollouts.defer_s:
-            p.rollouts.ended()
+        else:  # untraced: only its duration and outcome, for the metrics (when something reads them)
+            st.runtime.untraced_trajectory((_time_ns() - st.t0) / 1e9, st.validate, ev is not None)
+        st.runtime.rollout_ended()
         return False
 
     async def __aenter__(self) -> TrajectoryState:
@@ -326,7 +322,7 @@ class trajectory:
 
 def _emit_kept_error(st: TrajectoryState, ev: BaseException | None) -> None:
     """An unsampled trajectory failed: emit its root span and the failing ops after the fact."""
-    tracer = RT.tracer
+    tracer = _runtime.active.tracer
     if tracer is None:
         return
     attrs = st.attributes()
@@ -405,7 +401,7 @@ class _OpMeta:
 
 def _start_op_span(meta: _OpMeta, args: tuple, kwargs: dict) -> Any:
     inputs = meta.bind(args, kwargs)
-    text, truncated = snapshot(inputs, RT.max_chars)  # its JSON text, or a copy made into it when read
+    text, truncated = snapshot(inputs, _runtime.active.config.max_value_chars)  # its JSON text, or a copy made into it when read
     attrs = {**meta.attrs, _OP_INPUTS: text}
     if truncated:
         attrs[_TRUNCATED] = True
@@ -415,7 +411,7 @@ def _start_op_span(meta: _OpMeta, args: tuple, kwargs: dict) -> Any:
             if v is not None:
                 attrs[sc.GEN_AI_TOOL_CALL_ID] = str(v)
                 break
-    return RT.light.start_in_current(meta.name, attrs)
+    return _runtime.active.light.start_in_current(meta.name, attrs)
 
 
 def _usage_from(result: Any, ids: tuple | None) -> tuple[int | None, int | None]:
@@ -433,10 +429,10 @@ def _usage_from(result: Any, ids: tuple | None) -> tuple[int | None, int | None]
 
 
 def _finish_op_span(span: Any, meta: _OpMeta, result: Any, args: tuple) -> None:
-    # `span` is a LightSpan (RT.light) still recording: otel-rl's own attributes, valid by construction,
+    # `span` is a LightSpan (the runtime's light tracer) still recording: otel-rl's own attributes, valid by construction,
     # go straight into its attribute dict
     attrs = span._attributes
-    text, truncated = snapshot(result, RT.max_chars)
+    text, truncated = snapshot(result, _runtime.active.config.max_value_chars)
     attrs[_OP_OUTPUT] = text
     if truncated:
         attrs[_TRUNCATED] = True
@@ -451,14 +447,14 @@ def _finish_op_span(span: Any, meta: _OpMeta, result: Any, args: tuple) -> None:
                 attrs[sc.GEN_AI_USAGE_OUTPUT_TOKENS] = int(pout)
         except Exception:
             pass
-    if RT.token2text:
-        tok = RT.tokenizer
+    if _runtime.active.config.token2text:
+        tok = _runtime.active.tokenizer
         if tok is None and meta.is_method and args:
             tok = getattr(args[0], "tokenizer", None)
         if tok is not None:
-            entry = pending_entry(tok, result, text, RT.max_chars, ids)
+            entry = pending_entry(tok, result, text, _runtime.active.config.max_value_chars, ids)
             if entry is not None:
-                RT.pipeline.decodes.add(span, entry)
+                _runtime.active.decode_later(span, entry)
 
 
 def _wrap(fn: Callable, meta: _OpMeta) -> Callable:
@@ -474,7 +470,7 @@ def _wrap(fn: Callable, meta: _OpMeta) -> Callable:
 def _wrap_sync(fn: Callable, meta: _OpMeta) -> Callable:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if not RT.tracing:
+        if not _runtime.active.tracing:
             return fn(*args, **kwargs)
         st = TRAJECTORY.get()
         if st is not None and st.mode != SAMPLED:
@@ -506,7 +502,7 @@ def _wrap_sync(fn: Callable, meta: _OpMeta) -> Callable:
 def _wrap_async(fn: Callable, meta: _OpMeta) -> Callable:
     @functools.wraps(fn)
     async def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if not RT.tracing:
+        if not _runtime.active.tracing:
             return await fn(*args, **kwargs)
         st = TRAJECTORY.get()
         if st is not None and st.mode != SAMPLED:
@@ -541,7 +537,7 @@ _MAX_ITEMS_KEPT = 1000
 def _wrap_gen(fn: Callable, meta: _OpMeta) -> Callable:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if not RT.tracing:
+        if not _runtime.active.tracing:
             return (yield from fn(*args, **kwargs))
         st = TRAJECTORY.get()
         if st is not None and st.mode != SAMPLED:
@@ -581,7 +577,7 @@ def _wrap_gen(fn: Callable, meta: _OpMeta) -> Callable:
                     send_value = yield item
                 except GeneratorExit:
                     gen.close()
-                    span.set_attribute(sc.RL_OP_OUTPUT, to_json(items, RT.max_chars)[0])
+                    span.set_attribute(sc.RL_OP_OUTPUT, to_json(items, _runtime.active.config.max_value_chars)[0])
                     raise
                 except BaseException as exc:
                     throw_exc = exc
@@ -590,7 +586,7 @@ def _wrap_gen(fn: Callable, meta: _OpMeta) -> Callable:
             raise
         except BaseException as exc:
             if items:  # what was yielded before the error is still the op's output
-                span.set_attribute(sc.RL_OP_OUTPUT, to_json(items, RT.max_chars)[0])
+                span.set_attribute(sc.RL_OP_OUTPUT, to_json(items, _runtime.active.config.max_value_chars)[0])
             _record_exception(span, exc)
             raise
         finally:
@@ -602,8 +598,8 @@ def _wrap_gen(fn: Callable, meta: _OpMeta) -> Callable:
 def _wrap_asyncgen(fn: Callable, meta: _OpMeta) -> Callable:
     @functools.wraps(fn)
     async def wrapper(*args: Any, **kwargs: Any) -> Any:
-        st = TRAJECTORY.get() if RT.tracing else None
-        traced = RT.tracing and (st is None or st.mode == SAMPLED)
+        st = TRAJECTORY.get() if _runtime.active.tracing else None
+        traced = _runtime.active.tracing and (st is None or st.mode == SAMPLED)
         if not traced:
             t0 = _time_ns()
             try:
@@ -640,7 +636,7 @@ def _wrap_asyncgen(fn: Callable, meta: _OpMeta) -> Callable:
                     send_value = yield item
                 except GeneratorExit:
                     await agen.aclose()
-                    span.set_attribute(sc.RL_OP_OUTPUT, to_json(items, RT.max_chars)[0])
+                    span.set_attribute(sc.RL_OP_OUTPUT, to_json(items, _runtime.active.config.max_value_chars)[0])
                     raise
                 except BaseException as exc:
                     throw_exc = exc
@@ -649,7 +645,7 @@ def _wrap_asyncgen(fn: Callable, meta: _OpMeta) -> Callable:
             raise
         except BaseException as exc:
             if items:  # what was yielded before the error is still the op's output
-                span.set_attribute(sc.RL_OP_OUTPUT, to_json(items, RT.max_chars)[0])
+                span.set_attribute(sc.RL_OP_OUTPUT, to_json(items, _runtime.active.config.max_value_chars)[0])
             _record_exception(span, exc)
             raise
         finally:

@@ -67,11 +67,11 @@ class CaptureExporter(Exporter):
     # query side
     def collect(self, timeout_s: float = 30.0) -> CaptureExporter:
         """Flush the pipeline this exporter belongs to, then return self."""
-        from ._runtime import RT
+        from . import _runtime
 
-        h = self.handle or RT.handle
-        if h is not None and h.closed and RT.handle is not None:
-            h = RT.handle
+        h = self.handle or _runtime.active.handle
+        if h is not None and h.closed and _runtime.active.handle is not None:
+            h = _runtime.active.handle
         if h is not None and not h.closed:
             h.flush(timeout_s)
         return self

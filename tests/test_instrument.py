@@ -33,7 +33,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 import otel_rl
 from otel_rl import semconv as sc
-from otel_rl._runtime import RT
+from otel_rl import _runtime
 from otel_rl.records import SpanNode, Trajectory
 from otel_rl.testing import CaptureExporter
 
@@ -892,7 +892,7 @@ EXPECTED_ALL_KINDS = [{"sum": 3}, "a:o@1.0", 10, [0, 1], 4, [0, 1]]
 def test_tracing_off_without_span_consumer():
     h = otel_rl.init(exporters=["console"], batch_delay_s=0.05)
     try:
-        assert h.tracing is False and RT.tracing is False
+        assert h.tracing is False and _runtime.active.tracing is False
         with otel_rl.step(1):
             with otel_rl.timer("gen"):
                 with otel_rl.trajectory(sample_index=0) as t:
@@ -926,7 +926,7 @@ def test_a_span_processor_of_the_users_sees_every_span_start_and_end():
     try:
         seen = _Seen()
         h.tracer_provider.add_span_processor(seen)
-        assert h.tracing is True and RT.tracing is True
+        assert h.tracing is True and _runtime.active.tracing is True
         with otel_rl.step(1):
             with otel_rl.timer("gen"):
                 with otel_rl.trajectory(sample_index=0) as t:
@@ -977,7 +977,7 @@ def test_tracing_off_records_still_flow():
 
 
 def test_no_init_at_all():
-    assert otel_rl.current() is None and RT.tracing is False
+    assert otel_rl.current() is None and _runtime.active.tracing is False
     with otel_rl.step(1):
         with otel_rl.timer("gen") as tm:
             with otel_rl.trajectory(sample_index=0) as t:
@@ -1287,7 +1287,7 @@ def test_token2text_reads_the_ids_from_the_output_copy():
         with otel_rl.trajectory(step=0, sample_index=0):
             prompt, response = [0, 1], [2]
             out = ro.run(prompt, response)
-            entries = list(RT.pipeline.decodes.pending.values())
+            entries = list(otel_rl.current()._pipeline.decodes.pending.values())
             prompt.append(3)  # the caller goes on with its lists (as an agent loop does with its context)
             response[0] = 25
         assert out["prompt_ids"] == [0, 1, 3]
@@ -1322,7 +1322,7 @@ def test_token2text_ids_copied_when_the_output_is_not_a_small_plain_copy(case):
     with capture(token2text=True, batch_delay_s=5.0, max_value_chars=1000) as cap:
         with otel_rl.trajectory(step=0, sample_index=0):
             Ops().run([0, 1], [2])
-            entries = list(RT.pipeline.decodes.pending.values())
+            entries = list(otel_rl.current()._pipeline.decodes.pending.values())
         assert len(entries) == 1 and len(entries[0]) == 3
         assert [list(map(int, ids)) for ids in entries[0][1:]] == [[0, 1], [2]]
         cap.collect()
@@ -1458,7 +1458,7 @@ def test_handle_context_manager_shuts_down():
         assert otel_rl.current() is h and not h.closed
         with otel_rl.trajectory(step=0, sample_index=0):
             inner(1)
-    assert h.closed and otel_rl.current() is None and RT.tracing is False
+    assert h.closed and otel_rl.current() is None and _runtime.active.tracing is False
     # everything made before the shutdown was delivered
     assert len(cap.trajectories()) == 1
     n = len(cap.spans)
