@@ -30,7 +30,8 @@ from ._runtime import STEP, Runtime
 from ._sidecar import IN_EXPORT_PROCESS as _IN_EXPORT_PROCESS
 from ._sidecar import SidecarClient
 from ._values import coerce_metrics, warn_once
-from .config import Config, resolve, scrub_secrets
+from .config import Config, resolve
+from .redact import scrub_secrets
 from .exporters import registry
 from .exporters.base import Exporter
 from .instrument import _open_traced, end_open_trajectories

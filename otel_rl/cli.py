@@ -8,7 +8,8 @@ import json
 import sys
 
 from . import __version__
-from .config import ConfigError, resolve, scrub_secrets
+from .config import ConfigError, resolve
+from .redact import scrub_secrets
 from .exporters import registry
 
 

@@ -14,15 +14,8 @@ from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
 import otel_rl
-from otel_rl.config import (
-    REDACTED,
-    Config,
-    ConfigError,
-    apply_dotlist,
-    parse_value,
-    resolve,
-    scrub_secrets,
-)
+from otel_rl.config import Config, ConfigError, apply_dotlist, parse_value, resolve
+from otel_rl.redact import REDACTED, scrub_secrets
 
 VENV_BIN = Path(sys.executable).parent
 OTEL_RL_CLI = str(VENV_BIN / "otel-rl")

@@ -66,7 +66,8 @@ import otel_rl  # noqa: E402
 import otel_rl_mlflow  # noqa: E402
 from otel_rl import semconv as sc  # noqa: E402
 from otel_rl._sidecar import RemoteExporter  # noqa: E402
-from otel_rl.config import resolve, scrub_secrets  # noqa: E402
+from otel_rl.config import resolve  # noqa: E402
+from otel_rl.redact import scrub_secrets  # noqa: E402
 from otel_rl.testing import CaptureExporter  # noqa: E402
 from otel_rl_mlflow import MlflowExporter  # noqa: E402
 import otel_rl_wandb  # noqa: E402

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import otel_rl
-from otel_rl.config import redact_text, scrub_secrets
+from otel_rl.redact import redact_text, scrub_secrets
 
 SECRETS = ["pw-wandb-proxy-1", "s3secret-2", "rm-pw-3", "tok-4", "sig-5"]
 OVERRIDES = ["trainer.project_name=redact", "trainer.experiment_name=r1",

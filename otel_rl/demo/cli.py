@@ -21,7 +21,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from otel_rl.config import redact_text
+from otel_rl.redact import redact_text
 
 from .config import DEFAULT_OUTPUT_DIR, build_config, get
 

@@ -15,7 +15,7 @@ import os
 from typing import Any
 
 from .. import semconv as sc
-from ..config import REDACTED, _is_secret_key
+from ..redact import REDACTED, is_secret_key
 from ..serialize import parse_json_float
 
 #: trajectories shown per chosen step: the best, the worst and up to this many failed ones
@@ -102,7 +102,7 @@ def read_jsonl(path: str) -> RunData:
 
 def flat_config(params: dict[str, str]) -> dict[str, str]:
     """Params as logged, values of secret-looking keys replaced (they are scrubbed at logging already)."""
-    return {k: (REDACTED if _is_secret_key(k.rsplit("/", 1)[-1]) else v) for k, v in sorted(params.items())}
+    return {k: (REDACTED if is_secret_key(k.rsplit("/", 1)[-1]) else v) for k, v in sorted(params.items())}
 
 
 def flatten(obj: Any, prefix: str = "") -> dict[str, str]:

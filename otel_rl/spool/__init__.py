@@ -77,7 +77,7 @@ def _inner(exporter: Any) -> Any:
 
 def exporter_meta(config: Any, exporter: Any) -> dict[str, Any]:
     """What `otel-rl replay` needs to rebuild the exporter: its name, class and the scrubbed config."""
-    from ..config import scrub_secrets
+    from ..redact import scrub_secrets
 
     cfg: dict[str, Any] = {}
     if dataclasses.is_dataclass(config) and not isinstance(config, type):

@@ -114,7 +114,8 @@ def find_spools(paths: Iterable[str]) -> list[str]:
 
 
 def _config(stored: dict[str, Any]) -> Any:
-    from ..config import _FIELDS, REDACTED, ConfigError, resolve
+    from ..config import _FIELDS, ConfigError, resolve
+    from ..redact import REDACTED
 
     kw = {k: v for k, v in stored.items()
           if k in _FIELDS and k != "verl_config" and v is not None and v != REDACTED}

@@ -33,7 +33,8 @@ from opentelemetry import trace as trace_api  # noqa: E402
 
 import otel_rl  # noqa: E402
 from otel_rl import semconv as sc  # noqa: E402
-from otel_rl.config import resolve, scrub_secrets  # noqa: E402
+from otel_rl.config import resolve  # noqa: E402
+from otel_rl.redact import scrub_secrets  # noqa: E402
 from otel_rl.exporters import registry  # noqa: E402
 from otel_rl.records import Generations, RunIdentity, RunStart, StepMetrics  # noqa: E402
 from otel_rl.testing import CaptureExporter  # noqa: E402
