@@ -229,7 +229,7 @@ def mlflow_runs(client: Any, experiment: str | None, run_id: str | None) -> list
 
 
 def _ack(path: str) -> tuple[int, int] | None:
-    from .spool.store import _ACK, _ACK_MAGIC, ACK_SLOT_BYTES
+    from .spool.files import ACK, ACK_MAGIC, ACK_SLOT_BYTES
 
     try:
         with open(os.path.join(path, "ack"), "rb") as f:
@@ -238,11 +238,11 @@ def _ack(path: str) -> tuple[int, int] | None:
         return None
     best = None
     for slot in (0, 1):
-        chunk = data[slot * ACK_SLOT_BYTES: slot * ACK_SLOT_BYTES + _ACK.size]
-        if len(chunk) < _ACK.size:
+        chunk = data[slot * ACK_SLOT_BYTES: slot * ACK_SLOT_BYTES + ACK.size]
+        if len(chunk) < ACK.size:
             continue
-        magic, counter, seq, off, crc = _ACK.unpack(chunk)
-        if magic == _ACK_MAGIC and zlib.crc32(chunk[:-4]) == crc and (best is None or counter > best[0]):
+        magic, counter, seq, off, crc = ACK.unpack(chunk)
+        if magic == ACK_MAGIC and zlib.crc32(chunk[:-4]) == crc and (best is None or counter > best[0]):
             best = (counter, seq, off)
     return None if best is None else (best[1], best[2])
 

@@ -15,11 +15,12 @@ import re
 from typing import Any
 
 from ..config import cache_dir
-from .store import DROP_POLICIES, FSYNC_POLICIES, Spool, SpoolBusy, SpoolOptions, read_meta
+from .files import fsync_dir, read_meta
+from .store import DROP_POLICIES, FSYNC_POLICIES, Spool, SpoolBusy, SpoolOptions
 
 __all__ = [
     "DROP_POLICIES", "FSYNC_POLICIES", "OFF_VALUES", "Spool", "SpoolBusy", "SpoolOptions", "default_root",
-    "exporter_meta", "options_for", "read_meta", "spool_selected",
+    "exporter_meta", "fsync_dir", "options_for", "read_meta", "spool_selected",
 ]
 
 #: `spool_dir` values that turn the spool off (memory-only queues, as before the spool existed)

@@ -21,7 +21,8 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from .store import Spool, SpoolBusy, SpoolOptions, read_meta
+from .files import read_meta
+from .store import Spool, SpoolBusy, SpoolOptions
 
 _STATE_KEYS = ("format", "pid", "updated_ns")
 #: meta.json key: how the trainer that left the spool ended ({"state": "finished" | "crashed" | "aborted" |

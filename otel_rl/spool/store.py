@@ -40,21 +40,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .codec import CodecError, batch_items
+from .files import (ACK, ACK_MAGIC, ACK_SLOT_BYTES, FRAME_HEADER_BYTES, FRAME_MAGIC, META_FORMAT, SEG_HEADER,
+                    SEGMENT_HEADER_BYTES, SEGMENT_MAGIC, SEGMENT_VERSION, frame_at, frame_bytes, fsync_dir, write_all)
 
 _log = logging.getLogger("otel_rl")
 
-SEGMENT_MAGIC = b"OTELRLSP"
-SEGMENT_VERSION = 1
-_SEG_HEADER = struct.Struct("<8sH6x")
-SEGMENT_HEADER_BYTES = _SEG_HEADER.size  # 16
-FRAME_MAGIC = b"\xf5RLF"
-_FRAME_HEADER = struct.Struct("<4sII")
-FRAME_HEADER_BYTES = _FRAME_HEADER.size  # 12
-MAX_FRAME_BYTES = 1 << 30
-_ACK = struct.Struct("<4sQQQI")  # magic, counter, segment, offset, crc32 of the rest
-_ACK_MAGIC = b"ORLA"
-ACK_SLOT_BYTES = _ACK.size + 4  # 32 with padding
-META_FORMAT = 1
 
 FSYNC_POLICIES = ("always", "batch", "never")
 DROP_POLICIES = ("drop_oldest", "drop_newest")
@@ -135,25 +125,6 @@ def _close_in_forked_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_close_in_forked_child)
-
-
-def frame_bytes(payload: bytes) -> bytes:
-    n = len(payload)
-    crc = zlib.crc32(payload, zlib.crc32(struct.pack("<I", n)))
-    return _FRAME_HEADER.pack(FRAME_MAGIC, n, crc) + payload
-
-
-def _frame_at(data: bytes | memoryview, pos: int, size: int) -> int:
-    """Length of the valid frame at `pos`, or -1."""
-    if pos + FRAME_HEADER_BYTES > size:
-        return -1
-    magic, n, crc = _FRAME_HEADER.unpack_from(data, pos)
-    if magic != FRAME_MAGIC or n > MAX_FRAME_BYTES or pos + FRAME_HEADER_BYTES + n > size:
-        return -1
-    start = pos + FRAME_HEADER_BYTES
-    if zlib.crc32(data[start:start + n], zlib.crc32(struct.pack("<I", n))) != crc:
-        return -1
-    return n
 
 
 class Spool:
@@ -252,11 +223,11 @@ class Spool:
         data = os.pread(self._ack_fd, 2 * ACK_SLOT_BYTES, 0)
         best = None
         for slot in (0, 1):
-            chunk = data[slot * ACK_SLOT_BYTES: slot * ACK_SLOT_BYTES + _ACK.size]
-            if len(chunk) < _ACK.size:
+            chunk = data[slot * ACK_SLOT_BYTES: slot * ACK_SLOT_BYTES + ACK.size]
+            if len(chunk) < ACK.size:
                 continue
-            magic, counter, seq, off, crc = _ACK.unpack(chunk)
-            if magic != _ACK_MAGIC or zlib.crc32(chunk[:-4]) != crc:
+            magic, counter, seq, off, crc = ACK.unpack(chunk)
+            if magic != ACK_MAGIC or zlib.crc32(chunk[:-4]) != crc:
                 continue
             if best is None or counter > best[0]:
                 best = (counter, seq, off)
@@ -296,7 +267,7 @@ class Spool:
         with open(path, "rb") as f:
             data = f.read()
         size = len(data)
-        if size < SEGMENT_HEADER_BYTES or _SEG_HEADER.unpack_from(data, 0) != (SEGMENT_MAGIC, SEGMENT_VERSION):
+        if size < SEGMENT_HEADER_BYTES or SEG_HEADER.unpack_from(data, 0) != (SEGMENT_MAGIC, SEGMENT_VERSION):
             self._corrupt(path, 0, size, "no valid segment header")
             os.unlink(path)
             return None
@@ -304,7 +275,7 @@ class Spool:
         pos = SEGMENT_HEADER_BYTES
         view = memoryview(data)
         while pos < size:
-            n = _frame_at(view, pos, size)
+            n = frame_at(view, pos, size)
             if n >= 0:
                 start = pos + FRAME_HEADER_BYTES
                 try:
@@ -320,7 +291,7 @@ class Spool:
                 continue
             # a corrupt region: skip to the next frame that validates, or to the end (torn tail)
             nxt = data.find(FRAME_MAGIC, pos + 1)
-            while nxt != -1 and _frame_at(view, nxt, size) < 0:
+            while nxt != -1 and frame_at(view, nxt, size) < 0:
                 nxt = data.find(FRAME_MAGIC, nxt + 1)
             end = size if nxt == -1 else nxt
             self._corrupt(path, pos, end - pos, "truncated tail" if nxt == -1 else "bad frame (checksum or header)")
@@ -372,7 +343,7 @@ class Spool:
         assert w is not None
         off = w.size
         try:
-            _write_all(self._wfd, data)
+            write_all(self._wfd, data)
         except OSError:
             try:  # leave no partial frame behind
                 os.ftruncate(self._wfd, off)
@@ -417,7 +388,7 @@ class Spool:
         path = os.path.join(self.path, f"{seq:016d}.seg")
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_EXCL, 0o644)
         try:
-            _write_all(fd, _SEG_HEADER.pack(SEGMENT_MAGIC, SEGMENT_VERSION))
+            write_all(fd, SEG_HEADER.pack(SEGMENT_MAGIC, SEGMENT_VERSION))
         except OSError:
             os.close(fd)
             os.unlink(path)
@@ -428,7 +399,7 @@ class Spool:
         self._writer = seg
         self._wfd = fd
         if self.options.fsync != "never":
-            _fsync_dir(self.path)
+            fsync_dir(self.path)
 
     def _drop_oldest_segment(self) -> int:
         seg = self._segs[0]
@@ -488,7 +459,7 @@ class Spool:
                 self._rfd = os.open(seg.path, os.O_RDONLY)
                 self._rseq = seg.seq
             data = os.pread(self._rfd, end - off, off)
-            n = _frame_at(data, 0, len(data))
+            n = frame_at(data, 0, len(data))
             if n < 0 or FRAME_HEADER_BYTES + n != len(data):
                 self._corrupt(seg.path, off, end - off, "frame changed on disk (checksum)")
                 self._consume(seg, i)
@@ -504,7 +475,7 @@ class Spool:
                 for i in range(seg.next, len(seg.offs)):
                     f.seek(seg.offs[i])
                     data = f.read(seg.lens[i])
-                    n = _frame_at(data, 0, len(data))
+                    n = frame_at(data, 0, len(data))
                     if n >= 0:
                         yield Frame(seg.seq, i, seg.offs[i], seg.offs[i] + seg.lens[i], seg.items[i],
                                     data[FRAME_HEADER_BYTES:])
@@ -545,8 +516,8 @@ class Spool:
         else:
             seq, off = self._next_seq, 0
         self._ack_counter += 1
-        body = struct.pack("<4sQQQ", _ACK_MAGIC, self._ack_counter, seq, off)
-        slot = body + struct.pack("<I", zlib.crc32(body)) + b"\0" * (ACK_SLOT_BYTES - _ACK.size)
+        body = struct.pack("<4sQQQ", ACK_MAGIC, self._ack_counter, seq, off)
+        slot = body + struct.pack("<I", zlib.crc32(body)) + b"\0" * (ACK_SLOT_BYTES - ACK.size)
         os.pwrite(self._ack_fd, slot, (self._ack_counter % 2) * ACK_SLOT_BYTES)
         self._dirty_ack = True
         if self.options.fsync == "always":
@@ -622,28 +593,3 @@ class Spool:
         return {"path": self.path, "pending_frames": self.pending_frames, "pending_items": self.pending_items,
                 "bytes": self.bytes, "segments": len(self._segs), "corrupt_frames": self.corrupt_frames,
                 "corrupt_bytes": self.corrupt_bytes, "dropped_items": self.dropped_items}
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        n = os.write(fd, view)
-        view = view[n:]
-
-
-def _fsync_dir(path: str) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def read_meta(path: str) -> dict[str, Any]:
-    with open(os.path.join(path, "meta.json"), encoding="utf-8") as f:
-        return json.load(f)

@@ -84,7 +84,10 @@ def clean_env(**extra: str) -> dict[str, str]:
            if not k.startswith(("OTEL_", "MLFLOW_", "WANDB_", "SWANLAB_", "VERL_"))
            and k.lower() not in ("http_proxy", "https_proxy", "all_proxy")}
     env.update({"MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true", "PYTHONUNBUFFERED": "1",
-                "NO_PROXY": "127.0.0.1,localhost", "PYTHONPATH": os.pathsep.join((str(HERE), str(HERE.parent), str(ROOT)))})
+                "NO_PROXY": "127.0.0.1,localhost",
+                # this tree's core and its own plug-ins (not the installed ones, which may be another checkout's)
+                "PYTHONPATH": os.pathsep.join((str(HERE), str(HERE.parent), str(ROOT),
+                                               *(str(p) for p in sorted((ROOT / "exporters").iterdir()) if p.is_dir())))})
     env.update(extra)
     return env
 
@@ -161,7 +164,7 @@ def scan_spool_files(path: Path) -> list[Any]:
     """Records in the segment files of a spool another live process owns (no lock, no ack: a snapshot
     of everything written so far; a frame being written is not complete yet and is left out)."""
     from otel_rl.spool.codec import decode_batch
-    from otel_rl.spool.store import FRAME_HEADER_BYTES, SEGMENT_HEADER_BYTES, _frame_at
+    from otel_rl.spool.files import FRAME_HEADER_BYTES, SEGMENT_HEADER_BYTES, frame_at
 
     out: list[Any] = []
     for seg in sorted(path.glob("*.seg")):
@@ -171,7 +174,7 @@ def scan_spool_files(path: Path) -> list[Any]:
             continue
         pos = SEGMENT_HEADER_BYTES
         while pos < len(data):
-            n = _frame_at(data, pos, len(data))
+            n = frame_at(data, pos, len(data))
             if n < 0:
                 break
             out.extend(decode_batch(data[pos + FRAME_HEADER_BYTES:pos + FRAME_HEADER_BYTES + n])[1])

@@ -10,9 +10,11 @@ from pathlib import Path
 import pytest
 
 from otel_rl.records import RunIdentity, StepMetrics
+from otel_rl.spool import files
 from otel_rl.spool import store as store_mod
 from otel_rl.spool.codec import decode_batch, encode_batch
-from otel_rl.spool.store import FRAME_HEADER_BYTES, SEGMENT_HEADER_BYTES, Spool, SpoolBusy, SpoolOptions
+from otel_rl.spool.files import FRAME_HEADER_BYTES, SEGMENT_HEADER_BYTES
+from otel_rl.spool.store import Spool, SpoolBusy, SpoolOptions
 
 IDENT = RunIdentity("p", "e", "r")
 
@@ -187,7 +189,7 @@ def test_torn_ack_falls_back_to_the_previous_slot(tmp_path):
     sp.close()
     ack = d / "ack"
     data = bytearray(ack.read_bytes())
-    slot = (counter % 2) * store_mod.ACK_SLOT_BYTES  # the newest slot
+    slot = (counter % 2) * files.ACK_SLOT_BYTES  # the newest slot
     data[slot + 10] ^= 0xFF
     ack.write_bytes(bytes(data))
     sp = open_spool(d)
@@ -291,7 +293,7 @@ def test_fsync_policy(tmp_path, monkeypatch):
 def test_meta_is_written_for_replay(tmp_path):
     sp = open_spool(tmp_path / "exp", meta={"exporter": "mlflow", "class": "m:C", "config": {"project": "p"}})
     sp.append(batch(1), 1)
-    meta = store_mod.read_meta(str(tmp_path / "exp"))
+    meta = files.read_meta(str(tmp_path / "exp"))
     assert meta["exporter"] == "mlflow" and meta["config"] == {"project": "p"} and meta["pid"] == os.getpid()
     sp.close()
 

@@ -42,7 +42,7 @@ from otel_rl.exporters.packages import hidden_imports
 from otel_rl.exporters.tracker import TrackerExporter, flatten_config
 from otel_rl.records import Generations, RunIdentity, RunStart, StepMetrics, Trajectory
 
-from otel_rl.spool.store import _fsync_dir
+from otel_rl.spool import fsync_dir
 
 from . import _bulk, _bulk_metrics, _traces
 from ._keys import (
@@ -199,7 +199,7 @@ def _create_sqlite_store(uri: str) -> bool:
             os.link(tmp, path)  # fails if a store appeared meanwhile: that one stays
         except FileExistsError:
             return False
-        _fsync_dir(directory)  # the new name, durable
+        fsync_dir(directory)  # the new name, durable
         return True
     except Exception as exc:  # MLflow creates the store itself, one migration at a time
         _log.debug("otel-rl: creating the MLflow store %s in one go failed (%s); MLflow creates it", path, exc)
