@@ -3,6 +3,7 @@ OpenTelemetry Collector) and delivers it to the same tracker exporters as the in
 
 - `otel_rl.bridge.decode`: OTLP (protobuf and JSON) -> `opentelemetry.sdk.trace.ReadableSpan`
 - `otel_rl.bridge.core`: `Bridge` (pipeline, exporters, forwarding, its own metrics), `Settings`
+- `otel_rl.bridge.sinks`: the bridge's exporter wrapper (`Delivered`), `DiscardExporter`, `ForwardExporter`
 - `otel_rl.bridge.cli`: the command (flags, signals)
 
 See docs/bridge.md.

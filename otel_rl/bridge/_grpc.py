@@ -14,7 +14,8 @@ import logging
 from concurrent import futures
 from typing import Any
 
-from .core import Busy, _Raw
+from .core import Busy
+from .sinks import Raw
 from .decode import DecodeError
 
 _log = logging.getLogger("otel_rl.bridge")
@@ -85,7 +86,7 @@ class GrpcReceiver:
             try:
                 counters.add(counters.bytes, ("grpc", signal), len(request))
                 result = bridge.ingest(signal, request, json_body=False, transport="grpc",
-                                       raw=_Raw(path, request, "application/x-protobuf", ""))
+                                       raw=Raw(path, request, "application/x-protobuf", ""))
             except DecodeError as exc:
                 counters.request("grpc", signal, "rejected", "malformed")
                 code, message = grpc.StatusCode.INVALID_ARGUMENT, str(exc)

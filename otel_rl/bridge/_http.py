@@ -31,7 +31,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from ._inflate import HttpError, decompress
-from .core import Busy, _Raw
+from .core import Busy
+from .sinks import Raw
 from .decode import DecodeError
 
 __all__ = ["HttpError", "HttpReceiver", "decompress", "tls_context"]
@@ -435,7 +436,7 @@ class _Handler(BaseHTTPRequestHandler):
                 body = decompress(raw, encoding, settings.max_decompressed_bytes, settings.max_decompression_ratio,
                                   lease)
                 result = bridge.ingest(signal, body, json_body=json_body, transport="http",
-                                       raw=_Raw(path, raw, self.headers.get("Content-Type") or "", encoding))
+                                       raw=Raw(path, raw, self.headers.get("Content-Type") or "", encoding))
             except HttpError as exc:
                 lease.close()  # (what a refused body inflated to is already freed: see decompress)
                 self._fail(exc.code, exc.reason, exc.message, exc.headers, close=exc.close)

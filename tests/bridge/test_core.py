@@ -18,7 +18,7 @@ from otel_rl import semconv as sc
 from otel_rl.bridge import Bridge, Settings
 from otel_rl.bridge._http import HttpError, decompress
 from otel_rl.bridge.cli import parse_address
-from otel_rl.bridge.core import Delivered
+from otel_rl.bridge.sinks import Delivered
 from otel_rl.cli import main as otel_rl_main
 from otel_rl.exporters.base import Exporter
 from otel_rl.records import RunIdentity, RunStart, StepMetrics, Trajectory
