@@ -370,10 +370,10 @@ def run(args: Any) -> int:
     total = 0
     try:
         if args.experiment or args.mlflow_run_id:
-            from mlflow import MlflowClient
+            from .exporters.registry import store_client
 
             uri = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:////tmp/mlruns.db"
-            client = MlflowClient(uri)
+            client = store_client("mlflow", uri)
             n, b = prune_traces(client, mlflow_runs(client, args.experiment, args.mlflow_run_id), policy, args.yes,
                                 out)
             total += b

@@ -1,13 +1,10 @@
-"""The installed packages, as the trackers record them at each run start, read cheaply.
+"""The installed packages, as trackers record them at each run start, read cheaply (a helper for plug-ins).
 
-wandb (``requirements.txt`` of a run) and SwanLab (its ``files/requirements.txt``) list the installed
-distributions when a run starts.  wandb reads every distribution's whole metadata file through
-``importlib.metadata`` (the email parser over long descriptions: ~0.2 s of CPU time for 180 packages,
-several times that in a busy process); SwanLab starts ``python -m pip list --format=freeze`` (a second
-interpreter importing pip: ~0.5 s).  Here the same names and versions come from the metadata's header
-lines only (~0.05 s), the full parser taking over for a file whose headers do not give both.  The
-exporters hand these to their tracker (`install_wandb_working_set`, `install_swanlab_requirements`);
-the text the tracker writes is unchanged, which the tests compare.
+Trackers list the installed distributions when a run starts, some through ``importlib.metadata``'s full
+parser over every metadata file (long descriptions included), some by starting ``pip list`` in a second
+interpreter.  `distributions` gives the same names and versions from the metadata's header lines only,
+the full parser taking over for a file whose headers do not give both; `pip_freeze_list` gives them as
+``pip list --format=freeze`` prints them.  Each tracker plug-in hands them to its library its own way.
 
 `hidden_imports` lets one thread import a tracker's library as if an optional package were not
 installed (MLflow without pandas and pygments, in the export process).
@@ -21,14 +18,11 @@ import importlib.abc
 import importlib.metadata
 import importlib.util
 import re
-import shutil
 import sys
 import threading
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-#: SwanLab's module that gathers its requirements snapshot; its ``get()`` returns the text
-SWANLAB_PROBE_MODULE = "swanlab.sdk.internal.probe_python.environment.requirements"
 #: what ``pip list`` leaves out
 _PIP_SKIPS = frozenset({"python", "wsgiref", "argparse"})
 _SEPARATORS = re.compile(r"[-_.]+")
@@ -82,64 +76,6 @@ def pip_freeze_list() -> str:
     return "".join(found[k] + "\n" for k in sorted(found))
 
 
-def install_wandb_working_set(wandb: Any) -> bool:
-    """``wandb.util.working_set`` (what a run start records) read from the header lines; True when installed.
-
-    The same ``InstalledDistribution(key, version)`` items in the same order as wandb's own.
-    """
-    util = getattr(wandb, "util", None)
-    original = getattr(util, "working_set", None)
-    item = getattr(util, "InstalledDistribution", None)
-    if not callable(original) or item is None:
-        return False
-    if getattr(original, "_otel_rl_headers", False):
-        return True
-
-    def working_set() -> Iterator[Any]:
-        for name, version in distributions():
-            yield item(key=name, version=version)
-
-    working_set._otel_rl_headers = True  # type: ignore[attr-defined]
-    working_set.__doc__ = original.__doc__
-    util.working_set = working_set
-    return True
-
-
-def _swanlab_would_use_pip() -> bool:
-    """SwanLab asks ``pixi list``, then ``uv pip list``, then pip: pip's answer only without the other two."""
-    return shutil.which("pixi") is None and shutil.which("uv") is None and importlib.util.find_spec("pip") is not None
-
-
-def install_swanlab_requirements() -> bool:
-    """SwanLab's requirements snapshot read in process where it would come from pip; True when installed.
-
-    Where pixi or uv is on ``PATH``, where pip is missing, and whenever the reading fails, SwanLab gathers
-    it its own way.
-    """
-    try:
-        probe: Any = importlib.import_module(SWANLAB_PROBE_MODULE)
-    except Exception:  # another SwanLab version: its own way
-        return False
-    original = getattr(probe, "get", None)
-    if not callable(original):
-        return False
-    if getattr(original, "_otel_rl_in_process", False):
-        return True
-
-    def get() -> Any:
-        if _swanlab_would_use_pip():
-            try:
-                return pip_freeze_list()
-            except Exception:
-                pass
-        return original()
-
-    get._otel_rl_in_process = True  # type: ignore[attr-defined]
-    get.__doc__ = original.__doc__
-    probe.get = get
-    return True
-
-
 class _Hider(importlib.abc.MetaPathFinder):
     """First on ``sys.meta_path``: an import of a hidden package (or of its modules) by the thread that hides it
     fails as if the package were not installed; every other thread imports as usual."""
@@ -191,5 +127,4 @@ def hidden_imports(names: Iterable[str]) -> Iterator[None]:
                 _hider.hidden.pop(me, None)
 
 
-__all__ = ["distributions", "hidden_imports", "install_swanlab_requirements", "install_wandb_working_set",
-           "name_version", "pip_freeze_list"]
+__all__ = ["distributions", "hidden_imports", "name_version", "pip_freeze_list"]

@@ -105,6 +105,16 @@ def resolve_factory(name: str) -> Callable[..., Exporter]:
     )
 
 
+def store_client(name: str, location: str) -> Any:
+    """A client of tracker `name`'s store at `location` (a tracking URI), made by its plug-in: the exporter
+    class's ``store_client`` (otel-rl's `report` and `prune` read a store with it; the core never imports
+    a tracker library).  ValueError (`UnknownExporterError`) when the plug-in is missing, or has none."""
+    make = getattr(resolve_factory(name), "store_client", None)
+    if make is None:
+        raise ValueError(f"the {name!r} exporter has no store client")
+    return make(location)
+
+
 def _importable(module: str) -> bool:
     import importlib.util
     import sys

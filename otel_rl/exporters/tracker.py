@@ -74,7 +74,9 @@ class TrackerExporter(Exporter):
         self._points: dict[int, tuple[Any, list[StepMetrics]]] = {}  # id(record) -> its points, one per key
         self.rejected = 0  # records (or a step's points) refused by the tracker as bad data
         self.wants_trajectories = type(self).routing(config)
-        self._console_lock = threading.Lock()
+        # held while the training process's console output goes to a run: a plug-in that writes a run's
+        # console itself (its last lines when the run closes) takes it too
+        self.console_lock = threading.Lock()
         self._console_pending: list[tuple[str, str]] = []
         self._console_pending_chars = 0
         self._console_dropped = 0
@@ -109,7 +111,7 @@ class TrackerExporter(Exporter):
         run, or kept (up to `console_pending_max` characters) for the first run to open."""
         if not self.captures_console or not chunks:
             return
-        with self._console_lock:
+        with self.console_lock:
             handles = list(self.runs.values())
             if not handles or self._console_pending:
                 for stream, text in chunks:
@@ -136,7 +138,7 @@ class TrackerExporter(Exporter):
     def _run_opened(self, handle: Any) -> None:
         if not self._console_pending and not self._console_dropped:
             return
-        with self._console_lock:
+        with self.console_lock:
             chunks = self._take_console_pending()
             if chunks:
                 self.console_to_run(handle, chunks)
@@ -153,7 +155,7 @@ class TrackerExporter(Exporter):
             if type(r) in (StepMetrics, Generations) and not -STEP_LIMIT <= r.step < STEP_LIMIT \
                     and id(r) not in self._written:
                 # (log() refuses these; a spool of an older version or another sender may hold one)
-                self._reject_record(r, ValueError("a step outside the signed 64-bit range trackers store"))
+                self.reject_record(r, ValueError("a step outside the signed 64-bit range trackers store"))
                 self._written[id(r)] = r
             groups.setdefault(r.run, []).append(r)
         for ident, recs in groups.items():
@@ -216,7 +218,7 @@ class TrackerExporter(Exporter):
             if isinstance(one, StepMetrics) and len(one.values) > 1:
                 self._write_isolated(handle, self._split_points(one), write)
             else:
-                self._reject_record(one, exc)
+                self.reject_record(one, exc)
         for r in items:
             written[id(r)] = r
 
@@ -227,7 +229,9 @@ class TrackerExporter(Exporter):
             known = self._points[id(r)] = (r, [dataclasses.replace(r, values={k: v}) for k, v in r.values.items()])
         return known[1]
 
-    def _reject_record(self, r: Any, exc: BaseException) -> None:
+    def reject_record(self, r: Any, exc: BaseException) -> None:
+        """Count `r` as refused by the tracker as bad data (``stats()["rejected"]``) and log it (the first
+        ones each, then one in a thousand).  A plug-in that isolates bad records itself calls it for each."""
         self.rejected += 1
         n = self.rejected
         if n > REJECTS_LOGGED and n % 1000:

@@ -120,9 +120,9 @@ def flatten(obj: Any, prefix: str = "") -> dict[str, str]:
 
 
 def mlflow_client(tracking_uri: str | None = None) -> Any:
-    from mlflow import MlflowClient
+    from ..exporters.registry import store_client
 
-    return MlflowClient(tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:////tmp/mlruns.db")
+    return store_client("mlflow", tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:////tmp/mlruns.db")
 
 
 def find_mlflow_run(client: Any, experiment: str, otel_run_id: str) -> str | None:

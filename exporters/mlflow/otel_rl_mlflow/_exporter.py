@@ -324,6 +324,13 @@ class MlflowExporter(TrackerExporter):
     #: store imports for its migrations; mako falls back to plain text without pygments)
     unused_imports = ("pandas", "pygments")
 
+    @staticmethod
+    def store_client(tracking_uri: str) -> Any:
+        """An ``mlflow.MlflowClient`` of `tracking_uri` (`otel_rl.exporters.registry.store_client`)."""
+        from mlflow import MlflowClient
+
+        return MlflowClient(tracking_uri)
+
     def __init__(self, config: Any, tracking_uri: str | None = None):
         super().__init__(config)
         self._explicit_uri = tracking_uri

@@ -16,11 +16,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from otel_rl import semconv as sc
-from otel_rl.exporters.packages import install_swanlab_requirements
 from otel_rl.exporters.tracker import TrackerExporter, on_uncaught_exception, run_failure
 from otel_rl.records import Generations, RunIdentity, RunStart, StepMetrics, Trajectory, merge_step_metrics
 
 from ._console import ConsoleLines
+from ._packages import install_swanlab_requirements
 from ._keys import KeyMap, clean_text, warn_once
 
 _log = logging.getLogger("otel_rl")
@@ -216,7 +216,7 @@ class SwanlabExporter(TrackerExporter):
     def _console_finish(self, state: _Run) -> None:
         """The training process's unfinished console lines into `state`'s run before it finishes, as
         SwanLab's proxy does with its own when it stops."""
-        with self._console_lock:
+        with self.console_lock:
             lines, state.console = (state.console.finish() if state.console is not None else []), None
         parts = _console_parts(getattr(getattr(state.run, "_components", None), "terminal", None))
         if parts is not None:

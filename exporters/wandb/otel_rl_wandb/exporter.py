@@ -30,10 +30,11 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from otel_rl import semconv as sc
-from otel_rl.exporters.packages import install_wandb_working_set
 from otel_rl.exporters.tracker import TrackerExporter
 from otel_rl.records import Generations, RunIdentity, RunStart, StepMetrics, merge_step_metrics
 from otel_rl.exporters.base import warn_once
+
+from ._packages import install_wandb_working_set
 
 _log = logging.getLogger("otel_rl")
 
@@ -292,7 +293,7 @@ class WandbExporter(TrackerExporter):
     def close_run(self, handle: WandbRun) -> None:
         if handle.console_rest:  # the training process's unfinished lines, before the run ends
             try:
-                with self._console_lock:
+                with self.console_lock:
                     rest, handle.console_rest = handle.console_rest, {}
                     self.console_to_run(handle, [(stream, "".join(held[1:])) for stream, held in rest.items()],
                                         whole=True)

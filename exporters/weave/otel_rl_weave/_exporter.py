@@ -256,7 +256,7 @@ class WeaveExporter(TrackerExporter):
                 # create_call / finish_call only queue work (the network is Weave's background
                 # threads' business), so another error here is about this trajectory's data:
                 # retrying the batch would fail the same way.  Skip it, say so once per kind.
-                self._reject_record(t, exc)  # one warning naming it, counted in stats()["rejected"]
+                self.reject_record(t, exc)  # one warning naming it, counted in stats()["rejected"]
             self._done.add(key)
             self._dirty = True
         self._done.clear()
