@@ -13,11 +13,11 @@ Metric values/s (100 verl-named keys per step):
   limit       MlflowClient.log_batch of 1000 prebuilt Metric objects (MLflow's per-request
               maximum): the store's limit
   ours, a step per call   export_records([StepMetrics]) once per step, as in a run that delivers
-              every step on its own: on sqlite the direct metric writer (otel_rl_mlflow._bulk_metrics)
+              every step on its own: on sqlite the direct metric writer (otel_rl_mlflow.direct.metrics)
   ours, MLflow path, a step per call   the same with OTEL_RL_MLFLOW_BULK_METRICS=false: log_batch
 Traces/s (4-span trajectories: AGENT root, CHAIN, LLM with token usage, TOOL; 5 trace tags):
   ours        MlflowExporter.export_records(Trajectory records): build MLflow spans; on sqlite the
-              direct writer (otel_rl_mlflow._bulk: the rows log_spans + link_traces_to_run
+              direct writer (otel_rl_mlflow.direct.traces: the rows log_spans + link_traces_to_run
               write, verified against them for the first trajectory of each shape)
   ours, MLflow path   the same with OTEL_RL_MLFLOW_BULK_TRACES=false: log_spans of up to 100
               traces per call, link_traces_to_run
@@ -66,7 +66,8 @@ import otel_rl  # noqa: E402
 from otel_rl.config import resolve  # noqa: E402
 from otel_rl.records import RunIdentity, RunStart, StepMetrics, Trajectory  # noqa: E402
 from otel_rl.testing import CaptureExporter  # noqa: E402
-from otel_rl_mlflow import MlflowExporter, _bulk_metrics, verl_sanitize  # noqa: E402
+from otel_rl_mlflow import MlflowExporter, verl_sanitize  # noqa: E402
+from otel_rl_mlflow.direct import metrics as direct_metrics  # noqa: E402
 from otel_rl_mlflow._traces import SpanBuilder  # noqa: E402
 
 
@@ -124,13 +125,13 @@ def bench_metrics(uri: str, n_rounds: int, steps: int, keys: list[str]) -> list[
     exporter.export_records([RunStart(ident, {}, 0, time.time_ns())])  # open the run outside the timing
     step_exporters = {}
     for name, env in (("direct", "true"), ("mlflow", "false")):  # the writer is chosen at the first metrics
-        os.environ[_bulk_metrics.ENV_BULK_METRICS] = env
+        os.environ[direct_metrics.ENV_BULK_METRICS] = env
         cfg_s = resolve(project="bench-metrics", experiment=f"per-step-{name}")
         ex = MlflowExporter(cfg_s, tracking_uri=uri)
         ident_s = RunIdentity("bench-metrics", cfg_s.experiment, cfg_s.run_id)
         ex.export_records([RunStart(ident_s, {}, 0, time.time_ns()), StepMetrics(ident_s, 0, {"warm": 1.0}, 1)])
         step_exporters[name] = (ex, ident_s)
-    os.environ.pop(_bulk_metrics.ENV_BULK_METRICS)
+    os.environ.pop(direct_metrics.ENV_BULK_METRICS)
     h = otel_rl.init(project="bench-metrics", experiment="e2e", exporters=["mlflow"], batch_delay_s=0.05)
     h.flush(60)
     limit_run = client.create_run(exp_id, run_name="limit").info.run_id

@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/bench_trace_ids.py --rounds 8 --deliveries 20
 
 The demo's trajectories (a few training steps run in process, 4 samples/step traced, captured in
-memory) are made into the rows the MLflow exporter's direct writer stores (``otel_rl_mlflow._bulk``).
+memory) are made into the rows the MLflow exporter's direct writer stores (``otel_rl_mlflow.direct.traces``).
 Those rows are then stored again and again under new trace ids, one delivery (~160 traces, the
 demo's 5 steps of a 1 s export interval) per transaction, into a store that already holds
 ``--prefill`` traces, in two layouts:
@@ -63,7 +63,8 @@ def main() -> None:
 
     logging.getLogger("mlflow").setLevel(logging.WARNING)
     from mlflow.tracking import MlflowClient
-    from otel_rl_mlflow import _bulk, _traces
+    from otel_rl_mlflow import _traces
+    from otel_rl_mlflow.direct import traces as direct_traces
 
     trajs = demo_trajectories(4)
     builder = _traces.SpanBuilder()
@@ -73,7 +74,7 @@ def main() -> None:
         client = MlflowClient(tracking_uri=f"sqlite:///{d}/mlruns.db")
         exp = client.create_experiment("e")
         run = client.create_run(exp).info.run_id
-        writer = _bulk.BulkTraceWriter.for_store(client._tracking_client.store)
+        writer = direct_traces.BulkTraceWriter.for_store(client._tracking_client.store)
         if writer is None:
             sys.exit("the direct trace writer does not apply to this MLflow")
         return writer, exp, run
@@ -99,7 +100,7 @@ def main() -> None:
         return out
 
     def delivery(layout: str, n: int, exp_id: str, run_id: str):
-        rows = _bulk.Rows()
+        rows = direct_traces.Rows()
         for k, tid in enumerate(ids(layout, n)):
             for table, items in shapes[k % len(shapes)].items():
                 for r in items:

@@ -610,11 +610,11 @@ def test_new_sqlite_store_is_created_in_one_go(tmp_path):
 
     from mlflow.store.db.utils import _get_latest_schema_revision
 
-    from otel_rl_mlflow._exporter import _create_sqlite_store
+    from otel_rl_mlflow.direct.store import create_sqlite_store
 
     path = tmp_path / "new.db"
     uri = f"sqlite:///{path}"
-    assert _create_sqlite_store(uri) is True
+    assert create_sqlite_store(uri) is True
     assert sorted(os.listdir(tmp_path)) == ["new.db"]  # no scratch file or journal left
     with sqlite3.connect(path) as con:
         (revision,) = con.execute("SELECT version_num FROM alembic_version").fetchone()
@@ -628,14 +628,14 @@ def test_new_sqlite_store_is_created_in_one_go(tmp_path):
 
     # an existing store: untouched, its run still there
     before = path.stat().st_mtime_ns, path.stat().st_size
-    assert _create_sqlite_store(uri) is False
+    assert create_sqlite_store(uri) is False
     assert (path.stat().st_mtime_ns, path.stat().st_size) == before
     assert MlflowClient(tracking_uri=uri).get_run(run.info.run_id).data.metrics == {"loss": 0.5}
 
     # not a sqlite file, or nowhere to put it: left to MLflow
-    assert _create_sqlite_store("http://127.0.0.1:5000") is False
-    assert _create_sqlite_store("sqlite:///:memory:") is False
-    assert _create_sqlite_store(f"sqlite:///{tmp_path}/no/such/dir/x.db") is False
+    assert create_sqlite_store("http://127.0.0.1:5000") is False
+    assert create_sqlite_store("sqlite:///:memory:") is False
+    assert create_sqlite_store(f"sqlite:///{tmp_path}/no/such/dir/x.db") is False
     assert not (tmp_path / "no").exists()
 
 
@@ -663,7 +663,7 @@ def test_new_sqlite_stores_are_copied_from_a_kept_template(tmp_path, monkeypatch
     import sqlalchemy
     import mlflow.store.db.utils as db_utils
 
-    from otel_rl_mlflow import _exporter as ex
+    from otel_rl_mlflow.direct import store as ex
 
     templates = tmp_path / "templates"
     monkeypatch.setenv(ex.ENV_STORE_TEMPLATE_DIR, str(templates))
@@ -673,17 +673,17 @@ def test_new_sqlite_stores_are_copied_from_a_kept_template(tmp_path, monkeypatch
     real(engine)
     engine.dispose()
 
-    assert ex._create_sqlite_store(f"sqlite:///{tmp_path}/first.db") is True
+    assert ex.create_sqlite_store(f"sqlite:///{tmp_path}/first.db") is True
     [kept] = os.listdir(templates)  # one file, nothing half-written left beside it
     assert kept.startswith(f"store-{mlflow.__version__}-") and kept.endswith(".db")
-    assert str(templates / kept) == ex._template_path()
+    assert str(templates / kept) == ex.template_path()
 
     def no_migrations(engine):
         raise AssertionError("a new store was built although a template is kept")
 
     monkeypatch.setattr(db_utils, "_initialize_tables", no_migrations)
     second = tmp_path / "second.db"
-    assert ex._create_sqlite_store(f"sqlite:///{second}") is True
+    assert ex.create_sqlite_store(f"sqlite:///{second}") is True
     assert _store_content(second) == _store_content(tmp_path / "first.db") == _store_content(reference)
     assert sorted(os.listdir(tmp_path)) == ["first.db", "reference.db", "second.db", "templates"]
 
@@ -694,21 +694,21 @@ def test_new_sqlite_stores_are_copied_from_a_kept_template(tmp_path, monkeypatch
 
     # another MLflow (or SQLAlchemy, alembic, sqlite, migration set): another template
     monkeypatch.setattr(mlflow, "__version__", mlflow.__version__ + ".post1")
-    assert ex._template_path() != str(templates / kept)
+    assert ex.template_path() != str(templates / kept)
 
     # a file in the template's place that is no sqlite store: not copied, replaced by a store built anew
     monkeypatch.setattr(mlflow, "__version__", mlflow.__version__[: -len(".post1")])
     (templates / kept).write_bytes(b"not a store")
     monkeypatch.setattr(db_utils, "_initialize_tables", real)
     third = tmp_path / "third.db"
-    assert ex._create_sqlite_store(f"sqlite:///{third}") is True
+    assert ex.create_sqlite_store(f"sqlite:///{third}") is True
     assert _store_content(third) == _store_content(reference) == _store_content(templates / kept)
 
     # templates off: nothing kept anywhere
     monkeypatch.setenv(ex.ENV_STORE_TEMPLATE_DIR, "")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    assert ex._template_path() is None
-    assert ex._create_sqlite_store(f"sqlite:///{tmp_path}/fourth.db") is True
+    assert ex.template_path() is None
+    assert ex.create_sqlite_store(f"sqlite:///{tmp_path}/fourth.db") is True
     assert not (tmp_path / "cache").exists()
     assert _store_content(tmp_path / "fourth.db") == _store_content(reference)
 
@@ -717,7 +717,7 @@ def test_new_sqlite_store_does_not_replace_one_made_meanwhile(tmp_path, monkeypa
     """Another process creates the store while ours is being built: theirs stays, ours is discarded."""
     import mlflow.store.db.utils as db_utils
 
-    from otel_rl_mlflow._exporter import ENV_STORE_TEMPLATE_DIR, _create_sqlite_store
+    from otel_rl_mlflow.direct.store import ENV_STORE_TEMPLATE_DIR, create_sqlite_store
 
     monkeypatch.setenv(ENV_STORE_TEMPLATE_DIR, "")  # built here, not copied from a template
     path = tmp_path / "race.db"
@@ -728,7 +728,7 @@ def test_new_sqlite_store_does_not_replace_one_made_meanwhile(tmp_path, monkeypa
         path.write_bytes(b"the other process's store")  # appears before ours is linked into place
 
     monkeypatch.setattr(db_utils, "_initialize_tables", initialize_and_race)
-    assert _create_sqlite_store(f"sqlite:///{path}") is False
+    assert create_sqlite_store(f"sqlite:///{path}") is False
     assert path.read_bytes() == b"the other process's store"
     assert sorted(os.listdir(tmp_path)) == ["race.db"]
 

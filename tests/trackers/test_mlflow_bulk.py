@@ -1,4 +1,4 @@
-"""The direct sqlite trace writer of the MLflow exporter (otel_rl_mlflow._bulk) against MLflow itself.
+"""The direct sqlite trace writer of the MLflow exporter (otel_rl_mlflow.direct.traces) against MLflow itself.
 
 The same trajectory records go to two real sqlite stores: one written by the exporter with the
 direct writer, one with ``OTEL_RL_MLFLOW_BULK_TRACES=false`` (MLflow's ``log_spans`` +
@@ -29,7 +29,7 @@ import otel_rl  # noqa: E402
 from otel_rl.config import resolve  # noqa: E402
 from otel_rl.records import RunIdentity, RunStart, StepMetrics, Trajectory  # noqa: E402
 from otel_rl.testing import CaptureExporter  # noqa: E402
-from otel_rl_mlflow import _bulk  # noqa: E402
+from otel_rl_mlflow.direct import traces as direct_traces  # noqa: E402
 from otel_rl_mlflow._exporter import MlflowExporter  # noqa: E402
 
 from .test_mlflow import calculator, generate, plan, score  # noqa: E402  (the same ops as there)
@@ -40,7 +40,7 @@ VOLATILE = {"entity_associations": {"association_id", "created_time"}}
 @pytest.fixture(autouse=True)
 def _env(monkeypatch):
     monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
-    monkeypatch.delenv(_bulk.ENV_BULK, raising=False)
+    monkeypatch.delenv(direct_traces.ENV_BULK, raising=False)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
 
 
@@ -174,7 +174,7 @@ def test_direct_writes_equal_mlflow_writes(tmp_path, monkeypatch, batch):
     fast_run = next(iter(fast.runs.values())).run_id
     fast.shutdown()
 
-    monkeypatch.setenv(_bulk.ENV_BULK, "false")
+    monkeypatch.setenv(direct_traces.ENV_BULK, "false")
     ref = export(f"sqlite:///{ref_db}", trajs, ident)
     assert ref._bulk is False
     ref_run = next(iter(ref.runs.values())).run_id
@@ -227,7 +227,7 @@ def test_spans_stored_without_mlflow_translation_are_what_mlflow_stores(tmp_path
     assert writer.untranslated_spans >= 6 * 3, writer.untranslated_spans
     fast_run = next(iter(fast.runs.values())).run_id
     fast.shutdown()
-    monkeypatch.setenv(_bulk.ENV_BULK, "false")
+    monkeypatch.setenv(direct_traces.ENV_BULK, "false")
     ref = export(f"sqlite:///{ref_db}", trajs, ident, batch=2)
     ref_run = next(iter(ref.runs.values())).run_id
     ref.shutdown()
@@ -272,7 +272,7 @@ def test_rows_computed_ahead_are_the_rows_mlflow_writes(tmp_path, monkeypatch):
     fast_run = next(iter(exp.runs.values())).run_id
     exp.shutdown()
 
-    monkeypatch.setenv(_bulk.ENV_BULK, "false")
+    monkeypatch.setenv(direct_traces.ENV_BULK, "false")
     ref = export(f"sqlite:///{ref_db}", trajs, ident)
     ref_run = next(iter(ref.runs.values())).run_id
     ref.shutdown()
@@ -413,15 +413,15 @@ def test_not_used_where_it_does_not_apply(tmp_path, monkeypatch):
     from mlflow.tracing.client import TracingClient
 
     sqlite_store = TracingClient(f"sqlite:///{tmp_path / 'a.db'}").store
-    assert _bulk.BulkTraceWriter.for_store(sqlite_store) is not None
-    monkeypatch.setenv(_bulk.ENV_BULK, "false")
-    assert _bulk.BulkTraceWriter.for_store(sqlite_store) is None
-    monkeypatch.delenv(_bulk.ENV_BULK)
+    assert direct_traces.BulkTraceWriter.for_store(sqlite_store) is not None
+    monkeypatch.setenv(direct_traces.ENV_BULK, "false")
+    assert direct_traces.BulkTraceWriter.for_store(sqlite_store) is None
+    monkeypatch.delenv(direct_traces.ENV_BULK)
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
     file_store = TracingClient(f"file://{tmp_path / 'mlruns'}").store
-    assert _bulk.BulkTraceWriter.for_store(file_store) is None
+    assert direct_traces.BulkTraceWriter.for_store(file_store) is None
     monkeypatch.setenv("MLFLOW_SQL_TRACE_ROLLUPS_ENABLED", "true")
-    assert _bulk.BulkTraceWriter.for_store(sqlite_store) is None
+    assert direct_traces.BulkTraceWriter.for_store(sqlite_store) is None
 
 
 def test_span_content_is_what_mlflow_parses(tmp_path):
@@ -465,7 +465,7 @@ def test_large_deliveries_one_transaction_and_mlflow_calls_within_its_limits(tmp
 
 
 def test_quick_sanitize_stores_what_mlflow_sanitize_stores():
-    # the writer's translation uses _bulk.quick_sanitize where MLflow's uses sanitize_attributes
+    # the writer's translation uses direct_traces.quick_sanitize where MLflow's uses sanitize_attributes
     import random
 
     from mlflow.tracing.otel.translation import sanitize_attributes
@@ -485,15 +485,15 @@ def test_quick_sanitize_stores_what_mlflow_sanitize_stores():
         values.append(text)
     attrs = {f"k{i}": v for i, v in enumerate(values)}
     want = sanitize_attributes(attrs)
-    got = _bulk.quick_sanitize(attrs)
+    got = direct_traces.quick_sanitize(attrs)
     assert [(k, type(v), v) for k, v in got.items()] == [(k, type(v), v) for k, v in want.items()]
     assert sum(1 for k in attrs if want[k] is not attrs[k]) > 20  # the corpus has values MLflow unwraps
     # and the writer's translation is MLflow's with that one change
     from mlflow.tracing.otel.translation import translate_span_when_storing
 
-    quick = _bulk.writer_translation(translate_span_when_storing)
+    quick = direct_traces.writer_translation(translate_span_when_storing)
     assert quick is not translate_span_when_storing and quick.__code__ is translate_span_when_storing.__code__
-    assert quick.__globals__["sanitize_attributes"] is _bulk.quick_sanitize
+    assert quick.__globals__["sanitize_attributes"] is direct_traces.quick_sanitize
     assert translate_span_when_storing.__globals__["sanitize_attributes"] is sanitize_attributes
     # ... and the cost lookup that remembers the models without a price; MLflow's own is untouched
     from mlflow.tracing.utils import calculate_cost_by_model_and_token_usage as mlflow_cost
@@ -511,7 +511,7 @@ def test_the_writers_cost_lookup_prices_what_mlflow_prices_and_skips_only_models
         calls.append(args[0])
         return mlflow_cost(*args)
 
-    cost = _bulk.unpriced_models_remembered(counted)
+    cost = direct_traces.unpriced_models_remembered(counted)
     usages = [{"input_tokens": 0, "output_tokens": 0}, {"input_tokens": 5, "output_tokens": 3, "total_tokens": 8},
               {"input_tokens": 1200, "output_tokens": 0}, {"output_tokens": 7}, {}, None]
     models = ["tiny-transformer", "gpt-4o-mini", "gpt-4o", "my-org/ckpt-1000", "", None]
@@ -580,7 +580,7 @@ def test_remembered_helpers_give_what_mlflows_give(tmp_path):
     from mlflow.utils.uri import append_to_uri_path
 
     store = TracingClient(f"sqlite:///{tmp_path / 'a.db'}").store
-    writer = _bulk.BulkTraceWriter.for_store(store)
+    writer = direct_traces.BulkTraceWriter.for_store(store)
     assert writer is not None
     roots = [str(tmp_path / "art dir"), f"file://{tmp_path}/x y", "s3://bucket/some/prefix", "mlflow-artifacts:/1",
              "dbfs:/databricks/mlflow", "http://host:5000/a?b=c"]

@@ -1,4 +1,4 @@
-"""The direct sqlite metric writer of the MLflow exporter (otel_rl_mlflow._bulk_metrics) against MLflow itself.
+"""The direct sqlite metric writer of the MLflow exporter (otel_rl_mlflow.direct.metrics) against MLflow itself.
 
 The same metric records go to two real sqlite stores: one written by the exporter with the direct
 writer, one with ``OTEL_RL_MLFLOW_BULK_METRICS=false`` (MLflow's ``log_batch`` for every batch).
@@ -24,7 +24,7 @@ from mlflow.exceptions import MlflowException  # noqa: E402
 
 from otel_rl.config import resolve  # noqa: E402
 from otel_rl.records import RunIdentity, RunStart, StepMetrics  # noqa: E402
-from otel_rl_mlflow import _bulk_metrics  # noqa: E402
+from otel_rl_mlflow.direct import metrics as direct_metrics  # noqa: E402
 from otel_rl_mlflow._exporter import MlflowExporter  # noqa: E402
 
 IDENT = RunIdentity("bulkm", "e1", "run-bulk-metrics")
@@ -33,7 +33,7 @@ IDENT = RunIdentity("bulkm", "e1", "run-bulk-metrics")
 @pytest.fixture(autouse=True)
 def _env(monkeypatch):
     monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
-    monkeypatch.delenv(_bulk_metrics.ENV_BULK_METRICS, raising=False)
+    monkeypatch.delenv(direct_metrics.ENV_BULK_METRICS, raising=False)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
 
 
@@ -97,12 +97,12 @@ def test_direct_writes_equal_mlflow_writes(tmp_path, monkeypatch):
     fast_db, slow_db = tmp_path / "fast.db", tmp_path / "slow.db"
     fast = export(f"sqlite:///{fast_db}", deliveries)
     writer = fast._bulk_metrics
-    assert isinstance(writer, _bulk_metrics.BulkMetricWriter)
+    assert isinstance(writer, direct_metrics.BulkMetricWriter)
     assert writer.state == "on", writer.mismatch
     # MLflow wrote the probe and the delivery with a point twice; the delivery with an Inf carries the
     # run tag that flags it, so it goes to MLflow's log_batch without the writer
     assert (writer.mlflow_batches, writer.fast_batches) == (2, len(deliveries) - 3)
-    monkeypatch.setenv(_bulk_metrics.ENV_BULK_METRICS, "false")
+    monkeypatch.setenv(direct_metrics.ENV_BULK_METRICS, "false")
     slow = export(f"sqlite:///{slow_db}", deliveries)
     assert slow._bulk_metrics is False
     fast_run, slow_run = mlflow_run_id(fast), mlflow_run_id(slow)
@@ -156,7 +156,7 @@ def test_redelivered_batch_and_a_new_writer_on_the_same_store(tmp_path):
 def test_a_mismatch_turns_the_direct_writer_off(tmp_path, monkeypatch, caplog):
     """When MLflow writes something else than this writer would (here: a latest-value rule that differs),
     the writer turns itself off after the probe, says so once, and MLflow stores everything."""
-    monkeypatch.setattr(_bulk_metrics.BulkMetricWriter, "latest", staticmethod(lambda points, stored: ([], [])))
+    monkeypatch.setattr(direct_metrics.BulkMetricWriter, "latest", staticmethod(lambda points, stored: ([], [])))
     deliveries = records()
     db = tmp_path / "m.db"
     with caplog.at_level(logging.WARNING, logger="otel_rl"):
@@ -169,7 +169,7 @@ def test_a_mismatch_turns_the_direct_writer_off(tmp_path, monkeypatch, caplog):
     exp.shutdown()
     monkeypatch.undo()
     ref_db = tmp_path / "ref.db"
-    monkeypatch.setenv(_bulk_metrics.ENV_BULK_METRICS, "false")
+    monkeypatch.setenv(direct_metrics.ENV_BULK_METRICS, "false")
     ref = export(f"sqlite:///{ref_db}", deliveries)
     ref_run = mlflow_run_id(ref)
     ref.shutdown()
@@ -183,7 +183,7 @@ def test_errors_are_mlflows_own(tmp_path):
     client = MlflowClient(f"sqlite:///{db}")
     exp_id = client.create_experiment("e")
     run = client.create_run(exp_id).info.run_id
-    writer = _bulk_metrics.BulkMetricWriter.for_store(client._tracking_client.store)
+    writer = direct_metrics.BulkMetricWriter.for_store(client._tracking_client.store)
     assert writer is not None
 
     def via_mlflow(ms):
@@ -207,10 +207,10 @@ def test_errors_are_mlflows_own(tmp_path):
 def test_not_used_where_it_does_not_apply(tmp_path, monkeypatch):
     client = MlflowClient(f"sqlite:///{tmp_path / 'm.db'}")
     client.search_experiments()
-    assert _bulk_metrics.BulkMetricWriter.for_store(client._tracking_client.store) is not None
-    monkeypatch.setenv(_bulk_metrics.ENV_BULK_METRICS, "false")
-    assert _bulk_metrics.BulkMetricWriter.for_store(client._tracking_client.store) is None
-    monkeypatch.delenv(_bulk_metrics.ENV_BULK_METRICS)
+    assert direct_metrics.BulkMetricWriter.for_store(client._tracking_client.store) is not None
+    monkeypatch.setenv(direct_metrics.ENV_BULK_METRICS, "false")
+    assert direct_metrics.BulkMetricWriter.for_store(client._tracking_client.store) is None
+    monkeypatch.delenv(direct_metrics.ENV_BULK_METRICS)
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
     file_client = MlflowClient(f"file://{tmp_path / 'mlruns'}")
-    assert _bulk_metrics.BulkMetricWriter.for_store(file_client._tracking_client.store) is None
+    assert direct_metrics.BulkMetricWriter.for_store(file_client._tracking_client.store) is None

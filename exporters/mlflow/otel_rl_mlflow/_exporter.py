@@ -37,14 +37,14 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from otel_rl import semconv as sc
-from otel_rl.config import cache_dir
 from otel_rl.exporters.packages import hidden_imports
 from otel_rl.exporters.tracker import TrackerExporter, flatten_config
 from otel_rl.records import Generations, RunIdentity, RunStart, StepMetrics, Trajectory
 
-from otel_rl.spool import fsync_dir
-
-from . import _bulk, _bulk_metrics, _traces
+from . import _traces
+from .direct import metrics as direct_metrics
+from .direct import traces as direct_traces
+from .direct.store import create_sqlite_store
 from ._keys import (
     MAX_EXPERIMENT_NAME_CHARS,
     MAX_KEY_CHARS,
@@ -78,7 +78,7 @@ MAX_TRACES_PER_CALL = 100  # MLflow MAX_TRACE_LINKS_PER_REQUEST; also near the s
 _AHEAD_SPANS_MAX = 10_000  # trajectories whose spans `prepare` keeps at most (more: never delivered, forgotten)
 MAX_SPANS_PER_CALL = 2000
 MAX_BYTES_PER_CALL = 8 << 20
-# with the direct sqlite writer on (_bulk): what one transaction may hold; fewer, larger transactions
+# with the direct sqlite writer on (direct.traces): what one transaction may hold; fewer, larger transactions
 # write each index page they touch once instead of once per 100 traces
 MAX_TRACES_PER_TXN = 2000
 MAX_SPANS_PER_TXN = 20000
@@ -89,148 +89,6 @@ INF_STEPS_KEPT = 1000  # per key, for the tag
 CLOSE_TIMEOUT_S = 10.0
 # MLflow error codes that mean "this request is wrong" (retrying cannot help)
 _DATA_ERROR_CODES = {"INVALID_PARAMETER_VALUE", "BAD_REQUEST", "INVALID_STATE"}
-
-
-def _sqlite_path(uri: str) -> str | None:
-    """The file of a sqlite tracking URI, as SQLAlchemy reads it (None for anything else, or in memory)."""
-    try:
-        from sqlalchemy.engine import make_url
-
-        url = make_url(uri)
-    except Exception:
-        return None
-    if url.get_backend_name() != "sqlite" or not url.database or url.database == ":memory:":
-        return None
-    return url.database
-
-
-#: where the empty tables of a new sqlite store are kept between runs, one file per MLflow version
-#: (default ``$XDG_CACHE_HOME/otel-rl/mlflow``, ``~/.cache/...`` without it); an empty value: not kept
-ENV_STORE_TEMPLATE_DIR = "OTEL_RL_MLFLOW_TEMPLATE_DIR"
-
-
-def _template_path() -> str | None:
-    """The file holding what MLflow's `_initialize_tables` makes of an empty sqlite file, for this
-    MLflow, its migrations, SQLAlchemy, alembic and sqlite (None: templates are off)."""
-    directory = os.environ.get(ENV_STORE_TEMPLATE_DIR)
-    if directory is None:
-        directory = cache_dir("mlflow")
-    if not directory:
-        return None
-    import hashlib
-    import sqlite3
-
-    import alembic
-    import mlflow
-    import sqlalchemy
-
-    versions = os.path.join(os.path.dirname(mlflow.__file__), "store", "db_migrations", "versions")
-    revisions = sorted(n for n in os.listdir(versions) if n.endswith(".py"))
-    key = "\n".join([mlflow.__version__, sqlalchemy.__version__, alembic.__version__, sqlite3.sqlite_version,
-                     *revisions])
-    return os.path.join(directory, f"store-{mlflow.__version__}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.db")
-
-
-def _copy_synced(src: str, dst: str) -> None:
-    """`src` copied to the new file `dst` (which must not exist), its data on disk before this returns."""
-    with open(src, "rb") as fin, open(dst, "xb") as fout:
-        while chunk := fin.read(1 << 20):
-            fout.write(chunk)
-        fout.flush()
-        os.fsync(fout.fileno())
-
-
-def _is_sqlite_file(path: str) -> bool:
-    try:
-        with open(path, "rb") as f:
-            return f.read(16) == b"SQLite format 3\x00"
-    except OSError:
-        return False
-
-
-def _keep_template(built: str, template: str) -> None:
-    """A store just built becomes the template of later ones (put in place whole, never half-written;
-    one made meanwhile by another process stays, a file there that is no sqlite store is replaced).
-    Failures only cost the next new store the build."""
-    tmp = f"{template}.{os.getpid()}-{threading.get_ident()}.tmp"
-    try:
-        os.makedirs(os.path.dirname(template), exist_ok=True)
-        _copy_synced(built, tmp)
-        try:
-            os.link(tmp, template)
-        except FileExistsError:
-            if not _is_sqlite_file(template):  # not a store (written by something else): replaced
-                os.replace(tmp, template)
-    except OSError as exc:
-        _log.debug("otel-rl: the empty MLflow store could not be kept as %s (%s)", template, exc)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-
-
-def _create_sqlite_store(uri: str) -> bool:
-    """A new sqlite store gets MLflow's tables here, all at once, and is put in place only if no store
-    appeared there meanwhile.  The tables are what MLflow's own `_initialize_tables` makes of an empty
-    file: built once per MLflow version in a scratch file without a sync per migration step (MLflow's
-    migrations commit one by one, ~1,000 fsyncs, ~1 s of CPU time in all), kept as a template
-    (`ENV_STORE_TEMPLATE_DIR`), and copied from it for every later new store.  An existing file is left
-    alone (MLflow opens and checks it).  True if this call created the store; any failure leaves the
-    creation to MLflow, as without this."""
-    path = _sqlite_path(uri)
-    if path is None or os.path.exists(path):
-        return False
-    directory = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(directory):
-        return False
-    tmp = f"{path}.otel-rl-{os.getpid()}-{threading.get_ident()}.tmp"
-    try:
-        try:
-            template = _template_path()
-        except Exception as exc:  # no MLflow migrations where expected: build as before
-            _log.debug("otel-rl: no template for new MLflow stores (%s)", exc)
-            template = None
-        if template is not None and _is_sqlite_file(template):
-            _copy_synced(template, tmp)
-        else:
-            _build_tables(tmp)
-            if template is not None:
-                _keep_template(tmp, template)
-        try:
-            os.link(tmp, path)  # fails if a store appeared meanwhile: that one stays
-        except FileExistsError:
-            return False
-        fsync_dir(directory)  # the new name, durable
-        return True
-    except Exception as exc:  # MLflow creates the store itself, one migration at a time
-        _log.debug("otel-rl: creating the MLflow store %s in one go failed (%s); MLflow creates it", path, exc)
-        return False
-    finally:
-        for leftover in (tmp, tmp + "-journal"):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(leftover)
-
-
-def _build_tables(tmp: str) -> None:
-    """MLflow's tables in the new file `tmp`, made by MLflow's own migrations, synced once at the end."""
-    import sqlalchemy
-    from mlflow.store.db import utils as db_utils
-
-    engine = sqlalchemy.create_engine(f"sqlite:///{tmp}")
-
-    @sqlalchemy.event.listens_for(engine, "connect")
-    def _unsynced(dbapi_con: Any, _record: Any) -> None:  # a scratch file until it is synced below
-        dbapi_con.execute("PRAGMA synchronous=OFF")
-        dbapi_con.execute("PRAGMA journal_mode=MEMORY")
-
-    try:
-        db_utils._initialize_tables(engine)
-    finally:
-        engine.dispose()
-    fd = os.open(tmp, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def resolve_tracking_uri(explicit: str | None = None) -> str:
@@ -344,8 +202,8 @@ class MlflowExporter(TrackerExporter):
         self._chunking: dict[tuple, tuple[int, int, int]] = {}  # the chunk limits of that failed write
         self._warned: set[str] = set()
         self._log_spans_supported = True
-        self._bulk: Any = None  # _bulk.BulkTraceWriter, False (not applicable), None (not looked at)
-        self._bulk_metrics: Any = None  # _bulk_metrics.BulkMetricWriter, False, None: the same
+        self._bulk: Any = None  # direct_traces.BulkTraceWriter, False (not applicable), None (not looked at)
+        self._bulk_metrics: Any = None  # direct_metrics.BulkMetricWriter, False, None: the same
         self._ahead: dict[int, list[Any]] = {}  # trace id -> its spans (`_traces.RowSpan`), built by `prepare`
         self._end_status = "FINISHED"  # how the runs end at shutdown (process_failed: FAILED / KILLED)
         self._leave_open = False  # leave_runs_open(): runs keep the status they have (a replay)
@@ -373,7 +231,7 @@ class MlflowExporter(TrackerExporter):
         from mlflow.tracing.client import TracingClient
 
         uri = resolve_tracking_uri(self._explicit_uri)
-        _create_sqlite_store(uri)
+        create_sqlite_store(uri)
         client = MlflowClient(tracking_uri=uri)  # raises for an unusable URI: retried later
         self._tracing = TracingClient(uri)
         self._client = client
@@ -607,11 +465,11 @@ class MlflowExporter(TrackerExporter):
         self._progress.pop(key, None)
 
     def _bulk_metric_writer(self, client: Any) -> Any:
-        """The direct sqlite metric writer for this store (`_bulk_metrics`), or None."""
+        """The direct sqlite metric writer for this store (`direct.metrics`), or None."""
         if self._bulk_metrics is None:
             try:
                 store = client._tracking_client.store
-                self._bulk_metrics = _bulk_metrics.BulkMetricWriter.for_store(store) or False
+                self._bulk_metrics = direct_metrics.BulkMetricWriter.for_store(store) or False
             except Exception:
                 self._bulk_metrics = False
         return self._bulk_metrics or None
@@ -750,12 +608,12 @@ class MlflowExporter(TrackerExporter):
         self._log_spans(client, tracing, handle, [s.mlflow() for g in groups for s in g], ids, trajs)
 
     def _bulk_writer(self, tracing: Any) -> Any:
-        """The direct sqlite trace writer for this store (`_bulk`), or None."""
+        """The direct sqlite trace writer for this store (`direct.traces`), or None."""
         if self._bulk is False:
             return None
         if self._bulk is None:
             try:
-                self._bulk = _bulk.BulkTraceWriter.for_store(tracing.store) or False
+                self._bulk = direct_traces.BulkTraceWriter.for_store(tracing.store) or False
             except Exception:
                 self._bulk = False
         return self._bulk or None

@@ -107,7 +107,7 @@ def trace_tags(t: Trajectory) -> dict[str, str]:
 
 class RowSpan:
     """One span of a trajectory as the MLflow exporter stores it: its ids, times, status, events and its
-    attributes already in MLflow's form (JSON texts).  The direct trace writer (`otel_rl_mlflow._bulk`)
+    attributes already in MLflow's form (JSON texts).  The direct trace writer (`otel_rl_mlflow.direct.traces`)
     reads these fields; `mlflow()` makes the MLflow `Span` that MLflow's own calls take."""
 
     __slots__ = ("builder", "trace_id", "span_id", "parent_span_id", "name", "attributes", "events", "status_code",

@@ -30,7 +30,7 @@ import sqlite3
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ._bulk import SqliteWriter, _mlflow_version, sqlite_store_path
+from .traces import SqliteWriter, _mlflow_version, sqlite_store_path
 
 _log = logging.getLogger("otel_rl")
 

@@ -46,7 +46,7 @@ from typing import Any
 
 from otel_rl import semconv as sc
 
-from . import _traces
+from .. import _traces
 
 _log = logging.getLogger("otel_rl")
 
