@@ -610,3 +610,24 @@ def test_remembered_helpers_give_what_mlflows_give(tmp_path):
         with pytest.raises(Exception) as theirs:
             m._validate_trace_tag("", "v")
         assert type(mine.value) is type(theirs.value)
+
+
+def test_one_switch_turns_every_direct_writer_off(tmp_path, monkeypatch):
+    from mlflow.tracing.client import TracingClient
+    from mlflow.tracking import MlflowClient
+
+    from otel_rl_mlflow import direct
+    from otel_rl_mlflow.direct import metrics as direct_metrics
+    from otel_rl_mlflow.direct.store import create_sqlite_store
+
+    monkeypatch.setenv(direct.ENV_DIRECT, "false")
+    assert create_sqlite_store(f"sqlite:///{tmp_path / 'new.db'}") is False  # MLflow builds it itself
+    assert not (tmp_path / "new.db").exists()
+    uri = f"sqlite:///{tmp_path / 'a.db'}"
+    traces_store = TracingClient(uri).store
+    metrics_store = MlflowClient(uri)._tracking_client.store
+    assert direct_traces.BulkTraceWriter.for_store(traces_store) is None
+    assert direct_metrics.BulkMetricWriter.for_store(metrics_store) is None
+    monkeypatch.setenv(direct.ENV_DIRECT, "true")  # on again: both apply to this store
+    assert direct_traces.BulkTraceWriter.for_store(traces_store) is not None
+    assert direct_metrics.BulkMetricWriter.for_store(metrics_store) is not None

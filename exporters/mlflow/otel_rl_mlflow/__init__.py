@@ -11,15 +11,9 @@ from __future__ import annotations
 
 from otel_rl.exporters.adapter import span_exporter_class
 
-from ._exporter import (
-    DEFAULT_TRACKING_URI,
-    GENERATIONS_TABLE,
-    INF_METRICS_TAG,
-    RUN_ID_TAG,
-    MlflowExporter,
-    resolve_tracking_uri,
-)
+from ._exporter import GENERATIONS_TABLE, RUN_ID_TAG, MlflowExporter
 from ._keys import KeyMapper, is_valid_key, verl_sanitize
+from ._run import DEFAULT_TRACKING_URI, INF_METRICS_TAG, resolve_tracking_uri
 from ._traces import SPAN_TYPES, mlflow_trace_id
 
 #: an OpenTelemetry `SpanExporter` class (no-argument constructor) feeding `MlflowExporter`

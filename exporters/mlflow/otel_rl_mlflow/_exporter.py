@@ -26,14 +26,13 @@ Everything runs on the exporter's delivery thread.  Any MLflow error propagates
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import math
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from otel_rl import semconv as sc
@@ -55,21 +54,25 @@ from ._keys import (
     shorten_name,
     truncate,
 )
+from ._run import (
+    INF_METRICS_TAG,
+    INF_STEPS_KEPT,
+    LOGGED_ARTIFACTS_TAG,
+    MlflowRun,
+    clear_server_version_cache,
+    data_errors,
+    resolve_tracking_uri,
+)
 
 _log = logging.getLogger("otel_rl")
 
-#: verl's default when MLFLOW_TRACKING_URI is not set
-DEFAULT_TRACKING_URI = "sqlite:////tmp/mlruns.db"
 #: run tag holding the otel-rl run id (how a later process finds the run again)
 RUN_ID_TAG = sc.RL_RUN_ID
-#: run tag listing the metric points that were +-Inf (MLflow stores them as +-1.797e308)
-INF_METRICS_TAG = "otel_rl.inf_metrics"
 #: artifact location of the experiments this exporter creates (a path or URI; default: MLflow's)
 ENV_ARTIFACT_LOCATION = "OTEL_RL_MLFLOW_ARTIFACT_LOCATION"
 #: artifact path of the validation generations table of step n
 GENERATIONS_TABLE = "val_generations/step_{step}.json"
 GENERATIONS_COLUMNS = ["step", "input", "output", "score"]
-LOGGED_ARTIFACTS_TAG = "mlflow.loggedArtifacts"  # mlflow.utils.mlflow_tags.MLFLOW_LOGGED_ARTIFACTS
 
 MAX_METRICS_PER_BATCH = 1000  # MLflow MAX_METRICS_PER_BATCH
 MAX_ENTITIES_PER_BATCH = 1000  # MLflow MAX_ENTITIES_PER_BATCH (metrics + params + tags)
@@ -85,88 +88,7 @@ MAX_SPANS_PER_TXN = 20000
 MAX_BYTES_PER_TXN = 64 << 20
 CALL_LIMITS = (MAX_TRACES_PER_CALL, MAX_SPANS_PER_CALL, MAX_BYTES_PER_CALL)
 TXN_LIMITS = (MAX_TRACES_PER_TXN, MAX_SPANS_PER_TXN, MAX_BYTES_PER_TXN)
-INF_STEPS_KEPT = 1000  # per key, for the tag
 CLOSE_TIMEOUT_S = 10.0
-# MLflow error codes that mean "this request is wrong" (retrying cannot help)
-_DATA_ERROR_CODES = {"INVALID_PARAMETER_VALUE", "BAD_REQUEST", "INVALID_STATE"}
-
-
-def resolve_tracking_uri(explicit: str | None = None) -> str:
-    """MLflow's own order, then verl's default: ``tracking_uri`` argument > ``mlflow.set_tracking_uri()``
-    in this process > ``MLFLOW_TRACKING_URI`` > ``sqlite:////tmp/mlruns.db``."""
-    if explicit:
-        return explicit
-    try:
-        from mlflow.tracking._tracking_service import utils as _u
-
-        if _u._tracking_uri:  # set in this process with mlflow.set_tracking_uri()
-            return str(_u._tracking_uri)
-    except Exception:  # pragma: no cover - private attribute moved
-        pass
-    return os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
-
-
-@contextlib.contextmanager
-def _data_errors() -> Iterator[None]:
-    """MLflow said the data of a write is wrong (it will be every time): raise ValueError so the
-    core drops that batch after a few attempts instead of retrying it for ever.  Connection and
-    server errors pass through unchanged (retried)."""
-    try:
-        yield
-    except Exception as exc:
-        if getattr(exc, "error_code", None) in _DATA_ERROR_CODES and not isinstance(exc, ValueError):
-            raise ValueError(f"MLflow rejected the data: {exc}") from exc
-        raise
-
-
-class _Run:
-    """State of one MLflow run (one otel-rl run identity)."""
-
-    def __init__(self, run_id: str, experiment_id: str, params: dict[str, str], tags: dict[str, str], new: bool):
-        self.run_id = run_id
-        self.experiment_id = experiment_id
-        self.params = params  # MLflow param key -> value, as stored
-        self.tags = tags
-        self.new = new
-        self.inf: dict[str, dict[int, str]] = {}  # metric key -> {step: "+inf"/"-inf"}
-        self.inf_tag_sent = tags.get(INF_METRICS_TAG)
-        self.gen_rows: OrderedDict[int, list[list[Any]]] = OrderedDict()  # recent steps' table rows
-        self.gen_done: set[tuple[int, int, int]] = set()
-        self.gen_listing: set[str] | None = None
-        try:
-            self.tables: list[dict[str, str]] = json.loads(tags.get(LOGGED_ARTIFACTS_TAG, "[]"))
-        except ValueError:
-            self.tables = []
-        self.closed = False
-
-    def inf_tag_value(self) -> str | None:
-        if not self.inf:
-            return None
-        full = {}
-        for key, steps in sorted(self.inf.items()):
-            pos = sorted(s for s, v in steps.items() if v == "+inf")
-            neg = sorted(s for s, v in steps.items() if v == "-inf")
-            entry: dict[str, Any] = {"count": len(steps) if len(steps) < INF_STEPS_KEPT else f"{INF_STEPS_KEPT}+"}
-            if pos:
-                entry["+inf_steps"] = pos[:20]
-            if neg:
-                entry["-inf_steps"] = neg[:20]
-            full[key] = entry
-        text = json.dumps(full, ensure_ascii=False, sort_keys=True)
-        if len(text) <= MAX_TAG_VALUE_CHARS:
-            return text
-        counts = {k: v["count"] for k, v in full.items()}
-        text = json.dumps(counts, ensure_ascii=False, sort_keys=True)
-        if len(text) <= MAX_TAG_VALUE_CHARS:
-            return text
-        kept: dict[str, Any] = {}
-        for k, v in counts.items():
-            kept[k] = v
-            if len(json.dumps(kept, ensure_ascii=False)) > MAX_TAG_VALUE_CHARS - 40:
-                del kept[k]
-                break
-        kept["..."] = f"{len(counts) - len(kept)} more keys"
-        return json.dumps(kept, ensure_ascii=False)
 
 
 class MlflowExporter(TrackerExporter):
@@ -292,7 +214,7 @@ class MlflowExporter(TrackerExporter):
                                   run_view_type=ViewType.ACTIVE_ONLY, max_results=10)
         return sorted(runs, key=lambda r: (r.info.start_time or 0, r.info.run_id))
 
-    def open_run(self, run: RunIdentity, start: RunStart | None) -> _Run:
+    def open_run(self, run: RunIdentity, start: RunStart | None) -> MlflowRun:
         client, _ = self._clients()
         ident = self._identity(run)
         env_run = os.environ.get("MLFLOW_RUN_ID")
@@ -320,16 +242,16 @@ class MlflowExporter(TrackerExporter):
                         mlrun, new = found[0], False
         if mlrun.info.status != "RUNNING" and not self._leave_open:
             client.update_run(mlrun.info.run_id, status="RUNNING")
-        handle = _Run(mlrun.info.run_id, mlrun.info.experiment_id, dict(mlrun.data.params), dict(mlrun.data.tags), new)
+        handle = MlflowRun(mlrun.info.run_id, mlrun.info.experiment_id, dict(mlrun.data.params), dict(mlrun.data.tags), new)
         if start is not None:
             self.update_config(handle, start)
         return handle
 
-    def update_config(self, handle: _Run, start: RunStart) -> None:
-        with _data_errors():
+    def update_config(self, handle: MlflowRun, start: RunStart) -> None:
+        with data_errors():
             self._update_config(handle, start)
 
-    def _update_config(self, handle: _Run, start: RunStart) -> None:
+    def _update_config(self, handle: MlflowRun, start: RunStart) -> None:
         from mlflow.entities import Param
 
         client, _ = self._clients()
@@ -365,7 +287,7 @@ class MlflowExporter(TrackerExporter):
         replay` of a spool whose trainer never said how it ended: killed, or still running)."""
         self._leave_open = leave
 
-    def close_run(self, handle: _Run) -> None:
+    def close_run(self, handle: MlflowRun) -> None:
         if handle.closed:
             return
         if not self._leave_open:
@@ -397,11 +319,11 @@ class MlflowExporter(TrackerExporter):
         t.join(CLOSE_TIMEOUT_S)
 
     # -- metrics -------------------------------------------------------------------------
-    def write_metrics(self, handle: _Run, metrics: list[StepMetrics]) -> None:
-        with _data_errors():
+    def write_metrics(self, handle: MlflowRun, metrics: list[StepMetrics]) -> None:
+        with data_errors():
             self._write_metrics(handle, metrics)
 
-    def _write_metrics(self, handle: _Run, metrics: list[StepMetrics]) -> None:
+    def _write_metrics(self, handle: MlflowRun, metrics: list[StepMetrics]) -> None:
         from mlflow.entities import Metric, RunTag
 
         client, _ = self._clients()
@@ -437,7 +359,7 @@ class MlflowExporter(TrackerExporter):
         if tags:
             handle.inf_tag_sent = inf_text
 
-    def _send_metrics(self, client: Any, handle: _Run, records: list[Any], points: list[Any], tags: list[Any]) -> None:
+    def _send_metrics(self, client: Any, handle: MlflowRun, records: list[Any], points: list[Any], tags: list[Any]) -> None:
         calls: list[tuple[list[Any], list[Any]]] = []
         i = 0
         n = len(points)
@@ -479,11 +401,11 @@ class MlflowExporter(TrackerExporter):
         return (part, id(first), getattr(first, "time_ns", 0), id(last), getattr(last, "time_ns", 0), len(records))
 
     # -- generations ---------------------------------------------------------------------
-    def write_generations(self, handle: _Run, generations: list[Generations]) -> None:
-        with _data_errors():
+    def write_generations(self, handle: MlflowRun, generations: list[Generations]) -> None:
+        with data_errors():
             self._write_generations(handle, generations)
 
-    def _write_generations(self, handle: _Run, generations: list[Generations]) -> None:
+    def _write_generations(self, handle: MlflowRun, generations: list[Generations]) -> None:
         client, _ = self._clients()
         by_step: OrderedDict[int, list[Generations]] = OrderedDict()
         for g in generations:
@@ -506,7 +428,7 @@ class MlflowExporter(TrackerExporter):
                 handle.gen_done.add((g.step, g.time_ns, len(g.rows)))
             self._register_table(client, handle, path)
 
-    def _table_rows(self, client: Any, handle: _Run, step: int, path: str) -> list[list[Any]]:
+    def _table_rows(self, client: Any, handle: MlflowRun, step: int, path: str) -> list[list[Any]]:
         rows = handle.gen_rows.get(step)
         if rows is not None:
             return rows
@@ -524,7 +446,7 @@ class MlflowExporter(TrackerExporter):
                 data = json.load(f)
         return [list(r) for r in data.get("data", [])]
 
-    def _register_table(self, client: Any, handle: _Run, path: str) -> None:
+    def _register_table(self, client: Any, handle: MlflowRun, path: str) -> None:
         entry = {"path": path, "type": "table"}
         if entry in handle.tables:
             return
@@ -540,11 +462,11 @@ class MlflowExporter(TrackerExporter):
         handle.tables = tables
 
     # -- traces ----------------------------------------------------------------------------
-    def write_trajectories(self, handle: _Run, trajectories: list[Trajectory]) -> None:
-        with _data_errors():
+    def write_trajectories(self, handle: MlflowRun, trajectories: list[Trajectory]) -> None:
+        with data_errors():
             self._write_trajectories(handle, trajectories)
 
-    def _write_trajectories(self, handle: _Run, trajectories: list[Trajectory]) -> None:
+    def _write_trajectories(self, handle: MlflowRun, trajectories: list[Trajectory]) -> None:
         client, tracing = self._clients()
         if self._spans is None:
             self._spans = _traces.SpanBuilder()
@@ -593,7 +515,7 @@ class MlflowExporter(TrackerExporter):
         except Exception:  # the delivery does the work then
             _log.debug("otel-rl: MLflow exporter: preparing a delivery failed", exc_info=True)
 
-    def _log_traces(self, client: Any, tracing: Any, handle: _Run, trajs: list[Trajectory]) -> None:
+    def _log_traces(self, client: Any, tracing: Any, handle: MlflowRun, trajs: list[Trajectory]) -> None:
         builder = self._spans
         ahead = self._ahead
         groups = [ahead.pop(t.trace_id, None) or builder.spans(t) for t in trajs]
@@ -618,7 +540,7 @@ class MlflowExporter(TrackerExporter):
                 self._bulk = False
         return self._bulk or None
 
-    def _log_spans(self, client: Any, tracing: Any, handle: _Run, spans: list[Any], ids: list[str],
+    def _log_spans(self, client: Any, tracing: Any, handle: MlflowRun, spans: list[Any], ids: list[str],
                    trajs: list[Trajectory]) -> None:
         """MLflow's own way: log_spans + link_traces_to_run (one trace at a time where unsupported)."""
         if self._log_spans_supported:
@@ -627,7 +549,7 @@ class MlflowExporter(TrackerExporter):
             except NotImplementedError as exc:
                 if "could not identify MLflow server version" in str(exc):
                     # the version probe failed (server down) and MLflow caches that answer: forget it, retry
-                    _clear_server_version_cache()
+                    clear_server_version_cache()
                     raise RuntimeError(f"MLflow server unreachable: {exc}") from exc
                 self._log_spans_supported = False
                 self._warn_once("no-log-spans", "otel-rl: the MLflow store at %s cannot ingest spans in batches (%s); "
@@ -639,7 +561,7 @@ class MlflowExporter(TrackerExporter):
         self._log_traces_one_by_one(tracing, handle, [t for t in trajs if _traces.mlflow_trace_id(t.trace_id) in wanted],
                                     spans)
 
-    def _log_traces_one_by_one(self, tracing: Any, handle: _Run, trajs: list[Trajectory], spans: list[Any]) -> None:
+    def _log_traces_one_by_one(self, tracing: Any, handle: MlflowRun, trajs: list[Trajectory], spans: list[Any]) -> None:
         """Stores without span ingestion (file store, servers < 3.4): trace info + span data artifact."""
         from mlflow.entities import TraceData, TraceInfo, TraceLocation, TraceState
 
@@ -672,12 +594,3 @@ class MlflowExporter(TrackerExporter):
             )
             returned = tracing.start_trace(info)
             tracing._upload_trace_data(returned, TraceData(spans=tspans))
-
-
-def _clear_server_version_cache() -> None:
-    try:
-        from mlflow.store.tracking.rest_store import RestStore
-
-        RestStore._get_server_version.cache_clear()
-    except Exception:  # pragma: no cover - private API moved
-        pass

@@ -25,11 +25,11 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import sqlite3
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from . import switched_on
 from .traces import SqliteWriter, _mlflow_version, sqlite_store_path
 
 _log = logging.getLogger("otel_rl")
@@ -40,7 +40,7 @@ _LATEST_COLUMNS = ("key", "value", "timestamp", "step", "is_nan", "run_uuid")
 
 
 def enabled_by_env() -> bool:
-    return os.environ.get(ENV_BULK_METRICS, "true").strip().lower() not in ("0", "false", "no", "off")
+    return switched_on(ENV_BULK_METRICS)
 
 
 def _sanitize(value: float) -> tuple[int, float]:

@@ -14,6 +14,8 @@ from typing import Any
 from otel_rl.config import cache_dir
 from otel_rl.spool import fsync_dir
 
+from . import switched_on
+
 _log = logging.getLogger("otel_rl")
 
 
@@ -103,7 +105,7 @@ def create_sqlite_store(uri: str) -> bool:
     alone (MLflow opens and checks it).  True if this call created the store; any failure leaves the
     creation to MLflow, as without this."""
     path = sqlite_path(uri)
-    if path is None or os.path.exists(path):
+    if path is None or os.path.exists(path) or not switched_on():
         return False
     directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory):

@@ -46,6 +46,7 @@ from typing import Any
 
 from otel_rl import semconv as sc
 
+from . import switched_on
 from .. import _traces
 
 _log = logging.getLogger("otel_rl")
@@ -84,7 +85,7 @@ class Rows:
 
 
 def enabled_by_env() -> bool:
-    return os.environ.get(ENV_BULK, "true").strip().lower() not in ("0", "false", "no", "off")
+    return switched_on(ENV_BULK)
 
 
 def sqlite_store_path(store: Any) -> str | None:
