@@ -12,8 +12,6 @@ happens in the export thread or the export process.
 
 from __future__ import annotations
 
-import functools
-import inspect
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -24,30 +22,17 @@ from opentelemetry.trace import Link, Status, StatusCode
 
 from . import semconv as sc
 from . import _runtime
+from ._ops import OFF, SAMPLED, UNSAMPLED, OpMeta, decorator, record_exception
 from ._runtime import STEP, TRAJECTORY
-from ._token2text import pending_entry, raw_ids
-from .serialize import snapshot, to_json
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-OFF, UNSAMPLED, SAMPLED = 0, 1, 2
 _time_ns = time.time_ns
 _perf = time.perf_counter
 _EMPTY_CONTEXT = otel_context.Context()
-# names read on every traced op call (one global lookup instead of a global and an attribute)
-_OP_INPUTS, _OP_OUTPUT, _TRUNCATED, _KIND_LLM = sc.RL_OP_INPUTS, sc.RL_OP_OUTPUT, sc.RL_TRUNCATED, sc.KIND_LLM
 
 
 # ----------------------------------------------------------------------------- helpers
-
-
-def _record_exception(span: Any, exc: BaseException, timestamp: int | None = None) -> None:
-    try:
-        span.record_exception(exc, attributes={sc.ERROR_TYPE: type(exc).__qualname__}, timestamp=timestamp)
-        span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"[:1024]))
-        span.set_attribute(sc.ERROR_TYPE, type(exc).__qualname__)
-    except Exception:  # pragma: no cover - never let telemetry raise
-        pass
 
 
 #: the last link made ((span context, [Link to it])): every trajectory of a step links to the same step span
@@ -124,7 +109,7 @@ class step:
         if st.span is not None:
             otel_context.detach(st.ctx_token)
             if ev is not None:
-                _record_exception(st.span, ev)
+                record_exception(st.span, ev)
             st.span.end()
         return False
 
@@ -163,7 +148,7 @@ class timer:
         if self._span is not None:
             otel_context.detach(self._token)
             if ev is not None:
-                _record_exception(self._span, ev)
+                record_exception(self._span, ev)
             self._span.end()
         st = STEP.get()
         if st is not None:
@@ -303,7 +288,7 @@ class trajectory:
             otel_context.detach(st.ctx_token)
             if _open_traced.pop(id(st), None) is not None:  # (else ended at shutdown, as interrupted)
                 if ev is not None:
-                    _record_exception(st.span, ev)
+                    record_exception(st.span, ev)
                 st.span.end()
         elif st.mode == UNSAMPLED and (ev is not None or st.errors):
             st.link = _link_target()  # the same step and span are current as at __enter__
@@ -333,338 +318,16 @@ def _emit_kept_error(st: TrajectoryState, ev: BaseException | None) -> None:
     parent_ctx = trace_api.set_span_in_context(root, _EMPTY_CONTEXT)
     for name, kind, t0, t1, exc in st.errors or ():
         child = tracer.start_span(name, context=parent_ctx, attributes={sc.RL_SPAN_KIND: kind}, start_time=t0)
-        _record_exception(child, exc, timestamp=t1)
+        record_exception(child, exc, timestamp=t1)
         child.end(end_time=t1)
     if ev is not None:
-        _record_exception(root, ev)
+        record_exception(root, ev)
     elif st.errors:
         root.set_status(Status(StatusCode.ERROR, "an op in this trajectory failed"))
     root.end()
 
 
 # ----------------------------------------------------------------------------- op
-
-
-class _OpMeta:
-    __slots__ = ("fn", "name", "kind", "attrs", "pos_names", "skip_first", "varargs", "defaults", "is_method",
-                 "tool_call_arg", "model", "order")
-
-    def __init__(self, fn: Callable, name: str | None, kind: str, attrs: dict, tool_call_arg: tuple = (),
-                 model: str | None = None):
-        self.fn = fn
-        qualname = getattr(fn, "__qualname__", getattr(fn, "__name__", "op"))
-        self.name = name or qualname
-        self.kind = kind
-        self.attrs = attrs if self.name == qualname else {**attrs, sc.RL_OP_QUALNAME: qualname}
-        self.tool_call_arg = tool_call_arg
-        self.model = model
-        try:
-            params = list(inspect.signature(fn).parameters.values())
-        except (TypeError, ValueError):
-            params = []
-        self.is_method = bool(params) and params[0].name in ("self", "cls")
-        self.skip_first = self.is_method
-        pos = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-        if self.skip_first and pos:
-            pos = pos[1:]
-        self.pos_names = tuple(p.name for p in pos)
-        var = [p for p in params if p.kind == p.VAR_POSITIONAL]
-        self.varargs = var[0].name if var else "args"
-        self.defaults = {p.name: p.default for p in params
-                         if p.default is not p.empty and p.kind != p.VAR_KEYWORD and not (self.skip_first and p is params[0])}
-        # declared names (VAR_POSITIONAL under its own name, **kwargs last) to order keyword calls by
-        self.order = tuple(p.name for p in params[1 if self.skip_first else 0:] if p.kind != p.VAR_KEYWORD)
-
-    def bind(self, args: tuple, kwargs: dict) -> dict[str, Any]:
-        """Arguments by parameter name (declaration order, defaults filled in), without self."""
-        if self.skip_first:
-            args = args[1:]
-        names = self.pos_names
-        n = len(names)
-        if len(args) <= n:
-            d = dict(zip(names, args))
-        else:
-            d = dict(zip(names, args[:n]))
-            d[self.varargs] = list(args[n:])
-        if kwargs:
-            d.update(kwargs)
-        if self.defaults:
-            for k, v in self.defaults.items():
-                if k not in d:
-                    d[k] = v
-        if kwargs:  # keyword arguments may come in any order: restore declaration order
-            ordered = {k: d.pop(k) for k in self.order if k in d}
-            ordered.update(d)
-            d = ordered
-        return d
-
-
-def _start_op_span(meta: _OpMeta, args: tuple, kwargs: dict) -> Any:
-    inputs = meta.bind(args, kwargs)
-    text, truncated = snapshot(inputs, _runtime.active.config.max_value_chars)  # its JSON text, or a copy made into it when read
-    attrs = {**meta.attrs, _OP_INPUTS: text}
-    if truncated:
-        attrs[_TRUNCATED] = True
-    if meta.tool_call_arg:
-        for a in meta.tool_call_arg:
-            v = inputs.get(a)
-            if v is not None:
-                attrs[sc.GEN_AI_TOOL_CALL_ID] = str(v)
-                break
-    return _runtime.active.light.start_in_current(meta.name, attrs)
-
-
-def _usage_from(result: Any, ids: tuple | None) -> tuple[int | None, int | None]:
-    pin = pout = None
-    if ids is not None:
-        p, r = ids
-        pin = len(p) if p is not None and hasattr(p, "__len__") else None
-        pout = len(r) if r is not None and hasattr(r, "__len__") else None
-    usage = result.get("usage") if isinstance(result, dict) else getattr(result, "usage", None)
-    if usage is not None:
-        get = usage.get if isinstance(usage, dict) else (lambda k, _u=usage: getattr(_u, k, None))
-        pin = get("input_tokens") or get("prompt_tokens") or pin
-        pout = get("output_tokens") or get("completion_tokens") or pout
-    return pin, pout
-
-
-def _finish_op_span(span: Any, meta: _OpMeta, result: Any, args: tuple) -> None:
-    # `span` is a LightSpan (the runtime's light tracer) still recording: otel-rl's own attributes, valid by construction,
-    # go straight into its attribute dict
-    attrs = span._attributes
-    text, truncated = snapshot(result, _runtime.active.config.max_value_chars)
-    attrs[_OP_OUTPUT] = text
-    if truncated:
-        attrs[_TRUNCATED] = True
-    ids = None
-    if meta.kind == _KIND_LLM:
-        try:
-            ids = raw_ids(result)  # (only their lengths are read here)
-            pin, pout = _usage_from(result, ids)
-            if pin is not None:
-                attrs[sc.GEN_AI_USAGE_INPUT_TOKENS] = int(pin)
-            if pout is not None:
-                attrs[sc.GEN_AI_USAGE_OUTPUT_TOKENS] = int(pout)
-        except Exception:
-            pass
-    if _runtime.active.config.token2text:
-        tok = _runtime.active.tokenizer
-        if tok is None and meta.is_method and args:
-            tok = getattr(args[0], "tokenizer", None)
-        if tok is not None:
-            entry = pending_entry(tok, result, text, _runtime.active.config.max_value_chars, ids)
-            if entry is not None:
-                _runtime.active.decode_later(span, entry)
-
-
-def _wrap(fn: Callable, meta: _OpMeta) -> Callable:
-    if inspect.isasyncgenfunction(fn):
-        return _wrap_asyncgen(fn, meta)
-    if inspect.iscoroutinefunction(fn):
-        return _wrap_async(fn, meta)
-    if inspect.isgeneratorfunction(fn):
-        return _wrap_gen(fn, meta)
-    return _wrap_sync(fn, meta)
-
-
-def _wrap_sync(fn: Callable, meta: _OpMeta) -> Callable:
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if not _runtime.active.tracing:
-            return fn(*args, **kwargs)
-        st = TRAJECTORY.get()
-        if st is not None and st.mode != SAMPLED:
-            if st.mode == OFF:
-                return fn(*args, **kwargs)
-            t0 = _time_ns()
-            try:
-                return fn(*args, **kwargs)
-            except BaseException as exc:
-                st.note_error(meta.name, meta.kind, t0, _time_ns(), exc)
-                raise
-        span = _start_op_span(meta, args, kwargs)
-        token = otel_context.attach(trace_api.set_span_in_context(span))
-        try:
-            result = fn(*args, **kwargs)
-        except BaseException as exc:
-            _record_exception(span, exc)
-            raise
-        else:
-            _finish_op_span(span, meta, result, args)
-            return result
-        finally:
-            otel_context.detach(token)
-            span.end()
-
-    return wrapper
-
-
-def _wrap_async(fn: Callable, meta: _OpMeta) -> Callable:
-    @functools.wraps(fn)
-    async def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if not _runtime.active.tracing:
-            return await fn(*args, **kwargs)
-        st = TRAJECTORY.get()
-        if st is not None and st.mode != SAMPLED:
-            if st.mode == OFF:
-                return await fn(*args, **kwargs)
-            t0 = _time_ns()
-            try:
-                return await fn(*args, **kwargs)
-            except BaseException as exc:
-                st.note_error(meta.name, meta.kind, t0, _time_ns(), exc)
-                raise
-        span = _start_op_span(meta, args, kwargs)
-        token = otel_context.attach(trace_api.set_span_in_context(span))
-        try:
-            result = await fn(*args, **kwargs)
-        except BaseException as exc:
-            _record_exception(span, exc)
-            raise
-        else:
-            _finish_op_span(span, meta, result, args)
-            return result
-        finally:
-            otel_context.detach(token)
-            span.end()
-
-    return wrapper
-
-
-_MAX_ITEMS_KEPT = 1000
-
-
-def _wrap_gen(fn: Callable, meta: _OpMeta) -> Callable:
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if not _runtime.active.tracing:
-            return (yield from fn(*args, **kwargs))
-        st = TRAJECTORY.get()
-        if st is not None and st.mode != SAMPLED:
-            if st.mode == OFF:
-                return (yield from fn(*args, **kwargs))
-            t0 = _time_ns()
-            try:
-                return (yield from fn(*args, **kwargs))
-            except BaseException as exc:
-                if not isinstance(exc, GeneratorExit):
-                    st.note_error(meta.name, meta.kind, t0, _time_ns(), exc)
-                raise
-        span = _start_op_span(meta, args, kwargs)
-        ctx = trace_api.set_span_in_context(span)
-        gen = fn(*args, **kwargs)
-        items: list = []
-        send_value: Any = None
-        throw_exc: BaseException | None = None
-        try:
-            while True:
-                token = otel_context.attach(ctx)  # the span is current only while the body runs
-                try:
-                    if throw_exc is not None:
-                        exc, throw_exc = throw_exc, None
-                        item = gen.throw(exc)
-                    else:
-                        item = gen.send(send_value)
-                except StopIteration as stop:
-                    _finish_op_span(span, meta, {"yielded": items, "return": stop.value}
-                                    if stop.value is not None else items, args)
-                    return stop.value
-                finally:
-                    otel_context.detach(token)
-                if len(items) < _MAX_ITEMS_KEPT:
-                    items.append(item)
-                try:
-                    send_value = yield item
-                except GeneratorExit:
-                    gen.close()
-                    span.set_attribute(sc.RL_OP_OUTPUT, to_json(items, _runtime.active.config.max_value_chars)[0])
-                    raise
-                except BaseException as exc:
-                    throw_exc = exc
-                    send_value = None
-        except GeneratorExit:
-            raise
-        except BaseException as exc:
-            if items:  # what was yielded before the error is still the op's output
-                span.set_attribute(sc.RL_OP_OUTPUT, to_json(items, _runtime.active.config.max_value_chars)[0])
-            _record_exception(span, exc)
-            raise
-        finally:
-            span.end()
-
-    return wrapper
-
-
-def _wrap_asyncgen(fn: Callable, meta: _OpMeta) -> Callable:
-    @functools.wraps(fn)
-    async def wrapper(*args: Any, **kwargs: Any) -> Any:
-        st = TRAJECTORY.get() if _runtime.active.tracing else None
-        traced = _runtime.active.tracing and (st is None or st.mode == SAMPLED)
-        if not traced:
-            t0 = _time_ns()
-            try:
-                async for item in fn(*args, **kwargs):
-                    yield item
-            except BaseException as exc:
-                if st is not None and st.mode == UNSAMPLED and not isinstance(exc, GeneratorExit):
-                    st.note_error(meta.name, meta.kind, t0, _time_ns(), exc)
-                raise
-            return
-        span = _start_op_span(meta, args, kwargs)
-        ctx = trace_api.set_span_in_context(span)
-        agen = fn(*args, **kwargs)
-        items: list = []
-        send_value: Any = None
-        throw_exc: BaseException | None = None
-        try:
-            while True:
-                token = otel_context.attach(ctx)
-                try:
-                    if throw_exc is not None:
-                        exc, throw_exc = throw_exc, None
-                        item = await agen.athrow(exc)
-                    else:
-                        item = await agen.asend(send_value)
-                except StopAsyncIteration:
-                    _finish_op_span(span, meta, items, args)
-                    return
-                finally:
-                    otel_context.detach(token)
-                if len(items) < _MAX_ITEMS_KEPT:
-                    items.append(item)
-                try:
-                    send_value = yield item
-                except GeneratorExit:
-                    await agen.aclose()
-                    span.set_attribute(sc.RL_OP_OUTPUT, to_json(items, _runtime.active.config.max_value_chars)[0])
-                    raise
-                except BaseException as exc:
-                    throw_exc = exc
-                    send_value = None
-        except GeneratorExit:
-            raise
-        except BaseException as exc:
-            if items:  # what was yielded before the error is still the op's output
-                span.set_attribute(sc.RL_OP_OUTPUT, to_json(items, _runtime.active.config.max_value_chars)[0])
-            _record_exception(span, exc)
-            raise
-        finally:
-            span.end()
-
-    return wrapper
-
-
-def _decorator(fn: Callable | None, build: Callable[[Callable], _OpMeta]) -> Any:
-    def deco(f: Callable) -> Callable:
-        target = f.__func__ if isinstance(f, (staticmethod, classmethod)) else f
-        wrapped = _wrap(target, build(target))
-        if isinstance(f, staticmethod):
-            return staticmethod(wrapped)
-        if isinstance(f, classmethod):
-            return classmethod(wrapped)
-        return wrapped
-
-    return deco(fn) if fn is not None else deco
 
 
 def _check_kind(kind: str) -> str:
@@ -687,7 +350,7 @@ def op(fn: F | None = None, *, name: str | None = None, kind: str = sc.KIND_CHAI
     if k == sc.KIND_TOOL:
         return tool(fn, name=name)
     # CHAIN is the default kind: leaving the attribute out keeps the common op span one attribute lighter
-    return _decorator(fn, lambda f: _OpMeta(f, name, k, {sc.RL_SPAN_KIND: k} if k != sc.KIND_CHAIN else {}))
+    return decorator(fn, lambda f: OpMeta(f, name, k, {sc.RL_SPAN_KIND: k} if k != sc.KIND_CHAIN else {}))
 
 
 def generate(fn: F | None = None, *, name: str | None = None, model: str | None = None,
@@ -699,16 +362,16 @@ def generate(fn: F | None = None, *, name: str | None = None, model: str | None 
     ``prompt_tokens``/``completion_tokens``).
     """
 
-    def build(f: Callable) -> _OpMeta:
+    def build(f: Callable) -> OpMeta:
         attrs: dict[str, Any] = {sc.RL_SPAN_KIND: sc.KIND_LLM, sc.GEN_AI_OPERATION_NAME: operation}
         if model:
             attrs[sc.GEN_AI_REQUEST_MODEL] = model
         if provider:
             attrs[sc.GEN_AI_PROVIDER_NAME] = provider
         span_name = name or (f"{operation} {model}" if model else None)
-        return _OpMeta(f, span_name, sc.KIND_LLM, attrs, model=model)
+        return OpMeta(f, span_name, sc.KIND_LLM, attrs, model=model)
 
-    return _decorator(fn, build)
+    return decorator(fn, build)
 
 
 def tool(fn: F | None = None, *, name: str | None = None, call_id_arg: str | tuple[str, ...] = ("tool_call_id", "call_id"),
@@ -718,14 +381,14 @@ def tool(fn: F | None = None, *, name: str | None = None, call_id_arg: str | tup
     The call id is read from the first bound argument named in `call_id_arg`.
     """
 
-    def build(f: Callable) -> _OpMeta:
+    def build(f: Callable) -> OpMeta:
         tool_name = name or getattr(f, "__name__", "tool")
         attrs = {sc.RL_SPAN_KIND: sc.KIND_TOOL, sc.GEN_AI_OPERATION_NAME: sc.GEN_AI_OP_EXECUTE_TOOL,
                  sc.GEN_AI_TOOL_NAME: tool_name, sc.GEN_AI_TOOL_TYPE: tool_type}
         ids = (call_id_arg,) if isinstance(call_id_arg, str) else tuple(call_id_arg)
-        return _OpMeta(f, f"{sc.GEN_AI_OP_EXECUTE_TOOL} {tool_name}", sc.KIND_TOOL, attrs, tool_call_arg=ids)
+        return OpMeta(f, f"{sc.GEN_AI_OP_EXECUTE_TOOL} {tool_name}", sc.KIND_TOOL, attrs, tool_call_arg=ids)
 
-    return _decorator(fn, build)
+    return decorator(fn, build)
 
 
 def annotate(**attributes: Any) -> None:
