@@ -58,7 +58,8 @@ from typing import Any, NoReturn
 
 from ._console import ConsoleTee
 from ._exit import Outcome, quick_exit, tell_outcome
-from ._pipeline import DeliveryQueue, ExporterStats, Receiver, wait_all_idle
+from ._pipeline import DeliveryQueue, ExporterStats, wait_all_idle
+from .export_process.receiver import Receiver
 from ._values import warn_once
 from .exporters.base import Exporter
 from .records import Trajectory
