@@ -14,7 +14,7 @@ a pipe write, on the pipeline's threads).  ``export_process`` (docs/configuratio
 
 Protocol (two pipes; frames are a 4-byte little-endian length and a pickle):
 
-    trainer -> child   ("hello", config, [(name, wants_trajectories)], queue_size, (niceness, idle class) set)
+    trainer -> child   ("hello", config, [(name, wants_trajectories)], queue_size)
                        ("batch", seq, pickle of (records, names, wire, resource attributes))
                                                           records (and packed spans) for these exporters
                        ("flush", seq, timeout_s)          reply when all up to seq is delivered
@@ -67,8 +67,11 @@ from .records import Trajectory
 _log = logging.getLogger("otel_rl")
 _HDR = struct.Struct("<I")
 _STATS_INTERVAL_S = 0.5
-#: the export process runs without the cyclic GC until its tracker runs are open (at most this long)
-_GC_SETTLE_S = 60.0
+#: the export process starts its trackers at the training process's priority, without the cyclic GC, until
+#: their runs are open (at most this long); then it settles: the idle class, its niceness, the GC back on
+_START_S = 60.0
+#: how often it looks whether its runs are open, while it starts
+_START_LOOK_S = 0.1
 #: set in the export process's environment: an `init()` there keeps every exporter in-process
 IN_EXPORT_PROCESS = "OTEL_RL_IN_EXPORT_PROCESS"
 #: the child's shutdown budget is the trainer's less this (or a tenth of it): time to say it is done
@@ -133,31 +136,57 @@ def _set_cpus(spec: str | None) -> None:
         _log.warning("otel-rl: export_process_cpus=%s could not be applied (%s)", spec, exc)
 
 
-def _lower_priority(pid: int, config: Any, done: Sequence[bool] = (False, False)) -> tuple[bool, bool]:
-    """Process `pid` (0: this one), which has one thread so far, at the export process's niceness
-    (`export_process_nice` more than this process's) and in the idle scheduling class
-    (`export_process_idle`): the threads and processes it starts inherit both.  `done`: (niceness,
-    class) already set by the training process, left as they are.  Returns which of the two are in
-    place now (or have nothing to do: not configured, or not offered by this system)."""
-    nice_ok, idle_ok = bool(done[0]), bool(done[1])
+def _process_tree(pid: int) -> list[int]:
+    """`pid` and every process below it (the processes the trackers start, and theirs)."""
+    children: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return [pid]
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    tree, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        tree.append(p)
+        todo.extend(children.get(p, ()))
+    return tree
+
+
+def _threads(pid: int) -> list[int]:
+    try:
+        return [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        return [pid]
+
+
+def lower_priority(config: Any, base_nice: int) -> None:
+    """This process, every thread of it and every process it has started (wandb's service) at the export
+    process's niceness (`export_process_nice` more than `base_nice`, the training process's) and in the idle
+    scheduling class (`export_process_idle`).  What starts later inherits both."""
     nice = int(getattr(config, "export_process_nice", 0) or 0)
-    if not nice_ok:
-        nice_ok = True
-        if nice > 0 and hasattr(os, "setpriority"):
-            try:  # (what the trackers start inherits it: wandb's service process)
-                os.setpriority(os.PRIO_PROCESS, pid, min(19, os.getpriority(os.PRIO_PROCESS, 0) + nice))
-            except OSError:
-                nice_ok = False
-    if not idle_ok:
-        idle_ok = True
-        if getattr(config, "export_process_idle", False) and hasattr(os, "SCHED_IDLE"):
+    target = min(19, base_nice + nice) if nice > 0 and hasattr(os, "setpriority") else None
+    # the idle class: a CPU that runs only this process counts as free for the trainer's threads, which then
+    # never queue behind it
+    idle = bool(getattr(config, "export_process_idle", False)) and hasattr(os, "SCHED_IDLE")
+    if target is None and not idle:
+        return
+    for pid in _process_tree(os.getpid()):
+        for tid in _threads(pid):
             try:
-                # the idle class: a CPU that runs only this process counts as free for the trainer's
-                # threads, which then never queue behind it
-                os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0))
-            except OSError:
-                idle_ok = False
-    return nice_ok, idle_ok
+                if target is not None and os.getpriority(os.PRIO_PROCESS, tid) < target:
+                    os.setpriority(os.PRIO_PROCESS, tid, target)
+                if idle and os.sched_getscheduler(tid) != os.SCHED_IDLE:
+                    os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+            except OSError:  # ended meanwhile, or not ours to change
+                pass
 
 
 def _wait_exit(proc: subprocess.Popen, timeout_s: float) -> int:
@@ -303,9 +332,6 @@ class SidecarClient:
         finally:
             os.close(r_in)
             os.close(w_out)
-        # its whole start-up below the trainer's threads, not only what follows its reading of "hello": a
-        # thread the trainer starts meanwhile would otherwise wait behind it for a time slice (~3 ms)
-        priority_set = _lower_priority(self.proc.pid, config)
         self._w = os.fdopen(w_in, "wb", buffering=1 << 16)
         self._r = os.fdopen(r_out, "rb", buffering=1 << 16)
         # this process's console, for the tracker runs there that record one (`otel_rl._console`)
@@ -316,7 +342,7 @@ class SidecarClient:
             self.console = ConsoleTee()
             self.console.install()
         self._out.append(("hello", config, [(e.name, e.wants_trajectories) for e in self.exporters],
-                          getattr(config, "queue_size", 100_000), priority_set))
+                          getattr(config, "queue_size", 100_000)))
         self._sender = threading.Thread(target=self._send_loop, name="otel-rl-export-process-send", daemon=True)
         self._reader = threading.Thread(target=self._read_loop, name="otel-rl-export-process-read", daemon=True)
         self._sender.start()
@@ -563,7 +589,12 @@ class _Server:
         self.receiver = Receiver(self.queues, on_missing=self._missing)  # builds trajectories of packed spans
         self.stop_event = threading.Event()
         self._dropped_failed: dict[str, int] = {}
-        self._gc_settle_by: float | None = None  # set while the cyclic GC waits for the runs to open
+        self._start_by: float | None = None  # set while the trackers start (until `_settle`)
+        self._settle_lock = threading.Lock()
+        self._gc_off = False  # the cyclic GC is off while the trackers start
+        self._held: list[DeliveryQueue] = []  # queues that do not gather while the trackers start
+        self.config: Any = None
+        self._base_nice = os.getpriority(os.PRIO_PROCESS, 0) if hasattr(os, "getpriority") else 0
         self.training_pid = os.getppid()  # the training process started this one
 
     def send(self, msg: Any) -> None:
@@ -595,26 +626,31 @@ class _Server:
             seq = min(seq, held - 1)
         return max(seq, 0)
 
-    def start(self, config: Any, exporters: list, queue_size: int,
-              priority_set: Sequence[bool] = (False, False)) -> None:
+    def start(self, config: Any, exporters: list, queue_size: int) -> None:
+        """Start the exporters.  Until their tracker runs are open this process runs at the training
+        process's priority (the trackers start during the first steps, not in `shutdown()`), without the
+        cyclic GC; then it settles (`_settle`)."""
         from .exporters import registry
 
-        _lower_priority(0, config, priority_set)  # (what the training process could not set as it started this)
+        self.config = config
         _set_cpus(getattr(config, "export_process_cpus", None))
         self.receiver.max_chars = int(getattr(config, "max_value_chars", self.receiver.max_chars))
+        self._start_by = time.monotonic() + _START_S
         if gc.isenabled():
             # The trackers import large libraries and open their runs first (hundreds of thousands of
             # objects): collecting meanwhile re-scans them all, again and again.  The GC stays off until
-            # the runs are open; then all of it is frozen out of later collections (`_settle_gc`).
+            # the runs are open; then all of it is frozen out of later collections (`_settle`).
             gc.disable()
-            self._gc_settle_by = time.monotonic() + _GC_SETTLE_S
+            self._gc_off = True
         ready = {}
         for name, wants_trajectories in exporters:
             try:
                 exp = registry.create(name, config)
                 exp.wants_trajectories = bool(wants_trajectories)  # the trainer's routing decides
                 exp.training_pid = self.training_pid  # (and so `in_export_process`)
-                self.queues[name] = DeliveryQueue(exp, queue_size, config=config)
+                q = self.queues[name] = DeliveryQueue(exp, queue_size, config=config)
+                q.hold_flush()  # no gathering while it starts: its run opens with the first batch (`_settle`)
+                self._held.append(q)
                 # optional modules its library tries to import again and again: a missing one is searched
                 # for on the whole sys.path at every attempt
                 _mark_absent(getattr(exp, "probed_modules", ()))
@@ -634,10 +670,13 @@ class _Server:
                          type(exc).__name__, exc)
 
     def _stats_loop(self) -> None:
-        while not self.stop_event.wait(_STATS_INTERVAL_S):
-            self.send(("stats", self.stats(), self.settled()))
-            if self._gc_settle_by is not None:
-                self._settle_gc()
+        next_stats = time.monotonic() + _STATS_INTERVAL_S
+        while not self.stop_event.wait(_START_LOOK_S if self._start_by is not None else _STATS_INTERVAL_S):
+            if self._start_by is not None:
+                self._settle()
+            if time.monotonic() >= next_stats:
+                next_stats = time.monotonic() + _STATS_INTERVAL_S
+                self.send(("stats", self.stats(), self.settled()))
 
     def _runs_open(self) -> bool:
         """Every tracker exporter here has opened a run (the others open nothing)."""
@@ -647,18 +686,32 @@ class _Server:
                 return False
         return True
 
-    def _settle_gc(self, force: bool = False) -> None:
-        """Once the runs are open (or the time is up): freeze what there is (the libraries, the runs) out of
-        later collections, and turn the cyclic GC back on.
+    def _settle(self, stopping: bool = False) -> None:
+        """Once the runs are open (or the time is up), the trackers have started: this process and what it
+        started go down to the export process's priority (`lower_priority`), and the cyclic GC comes back
+        on, with what there is (the libraries, the runs) frozen out of later collections.  `stopping`: the
+        training process waits for this one now, which keeps its priority.
 
         Without a collection first: with the trackers' libraries loaded it would look at ~350,000 objects
         (0.3-0.4 s of CPU time, beside the training) to free ~5,000 (the import-time cycles, ~2 MB), which
         instead stay, frozen, for the export process's life."""
-        if not (force or self._runs_open() or time.monotonic() >= (self._gc_settle_by or 0.0)):
+        if self._start_by is None:
             return
-        self._gc_settle_by = None
-        gc.freeze()
-        gc.enable()
+        if not (stopping or self._runs_open() or time.monotonic() >= self._start_by):
+            return
+        with self._settle_lock:
+            if self._start_by is None:
+                return
+            self._start_by = None
+            for q in self._held:
+                q.release_flush()
+            self._held.clear()
+            if not stopping:
+                lower_priority(self.config, self._base_nice)
+            if self._gc_off:
+                self._gc_off = False
+                gc.freeze()
+                gc.enable()
 
     def put(self, seq: int, records: list, names: Sequence[str], wire: list | None = None,
             resource_attrs: dict | None = None) -> None:
@@ -684,6 +737,7 @@ class _Server:
     def flush(self, seq: int, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         ok = wait_all_idle(list(self.queues.values()), timeout_s)
+        self._settle()  # (before the reply: what is delivered opened the runs)
         for q in self.queues.values():
             try:
                 q.exporter.flush(max(0.1, deadline - time.monotonic()))
@@ -693,8 +747,7 @@ class _Server:
 
     def stop(self, timeout_s: float, failure: tuple[str, str] | None = None) -> None:
         deadline = time.monotonic() + timeout_s
-        if self._gc_settle_by is not None:
-            self._settle_gc(force=True)
+        self._settle(stopping=True)
         # trajectories whose root never came (the trainer stopped or died mid-trajectory): what there is
         self.receiver.flush_partial()
         ended = None
