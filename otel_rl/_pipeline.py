@@ -185,7 +185,7 @@ class DeliveryQueue:
     memory queue.  Without a spool, an overflowing queue drops its oldest batch (counted).
     """
 
-    remote = False  # see otel_rl._sidecar.RemoteQueue
+    remote = False  # see otel_rl.export_process.client.RemoteQueue
     adopted = False  # took over from the export process (Pipeline.adopt)
 
     def __init__(self, exporter: Any, max_items: int, backoff_max_s: float = 30.0, *,
@@ -905,7 +905,7 @@ class Pipeline:
         self.tokenizers: dict[int, Any] = {}  # key -> tokenizer (also the takeover's)
         self.queues = [DeliveryQueue(e, config.queue_size, config=config) for e in exporters
                        if e.wants_records or e.wants_spans or e.wants_trajectories]
-        # exporters in the export process (otel_rl._sidecar): records go there in one message per batch
+        # exporters in the export process (otel_rl.export_process): records go there in one message per batch
         self.remote = remote
         if remote is not None:
             self.queues = self.queues + list(remote.queues)
@@ -1343,7 +1343,7 @@ class Pipeline:
             self.tokenizers[key] = tokenizer
             remote = self.remote
             if remote is not None:
-                remote.control(("tokenizer", key, blob))  # ahead of the batch that first needs it
+                remote.send_tokenizer(key, blob)  # ahead of the batch that first needs it
         self._tok_keys[id(tokenizer)] = (tokenizer, key)
         return key
 

@@ -97,7 +97,7 @@ def test_tracker_runs_open_while_training_keeps_every_core_busy(tmp_path, monkey
         monkeypatch.delenv(k, raising=False)
     project = f"startup-{uuid.uuid4().hex[:8]}"
     tracking = Tracking(project, "busy", default_backend=["mlflow", "wandb", "swanlab"])
-    client = tracking.handle._sidecar
+    client = tracking.handle._export_process
     assert client is not None and {e.name for e in tracking.handle.exporters} == {"mlflow", "wandb", "swanlab"}
     # the training: this thread logs, and one process per core spins at the trainer's priority
     busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in os.sched_getaffinity(0)]
