@@ -2,7 +2,7 @@
 
 wandb and SwanLab record what the process that opened their run writes to stdout and stderr (wandb's
 "Logs" tab and ``output.log``, SwanLab's console log).  When their exporters run in the export process
-(`otel_rl._sidecar`), that process is not the one that prints the training's output: `ConsoleTee`
+(`otel_rl.export_process`), that process is not the one that prints the training's output: `ConsoleTee`
 copies what the training process writes to ``sys.stdout`` and ``sys.stderr`` (the writes go on to the
 terminal unchanged), and the export process hands the text to those runs as their own console capture
 would have (`otel_rl.exporters.tracker.TrackerExporter.write_console`).

@@ -49,7 +49,7 @@ class DeliveryQueue:
     memory queue.  Without a spool, an overflowing queue drops its oldest batch (counted).
     """
 
-    remote = False  # see otel_rl._sidecar.RemoteQueue
+    remote = False  # see otel_rl.export_process.client.RemoteQueue
     adopted = False  # took over from the export process (Pipeline.adopt)
 
     def __init__(self, exporter: Any, max_items: int, backoff_max_s: float = 30.0, *,
@@ -583,11 +583,3 @@ def wait_all_idle(queues: Sequence[Any], timeout_s: float) -> bool:
     finally:
         for q in held:
             q.release_flush()
-
-
-
-def records_for(exporter: Any, records: Sequence[Record]) -> list[Record]:
-    """The records of a batch that `exporter` takes (a new list): trajectories only when it wants them."""
-    if exporter.wants_trajectories:
-        return list(records)
-    return [r for r in records if not isinstance(r, Trajectory)]

@@ -27,10 +27,10 @@ from ._pipeline import Pipeline, make_span_processor
 from ._processors import OtherProcessors, OwnProvider, global_sdk_providers
 from . import _runtime
 from ._runtime import STEP, Runtime
-from ._sidecar import IN_EXPORT_PROCESS as _IN_EXPORT_PROCESS
-from ._sidecar import SidecarClient
 from ._values import coerce_metrics, warn_once
 from .config import Config, resolve
+from .export_process.client import ExportProcessClient
+from .export_process.protocol import IN_EXPORT_PROCESS as _IN_EXPORT_PROCESS
 from .redact import scrub_secrets
 from .exporters import registry
 from .exporters.base import Exporter
@@ -54,10 +54,10 @@ class Handle:
                  global_providers: tuple[Any, Any] = (None, None)):
         self.config = config
         remote_specs = [x[1:] for x in exporters if isinstance(x, tuple)]
-        self._sidecar: SidecarClient | None = None
+        self._export_process: ExportProcessClient | None = None
         if remote_specs:
-            self._sidecar = SidecarClient(config, remote_specs, on_death=self._export_process_died)
-            stubs = iter(self._sidecar.exporters)
+            self._export_process = ExportProcessClient(config, remote_specs, on_death=self._export_process_died)
+            stubs = iter(self._export_process.exporters)
             exporters = [next(stubs) if isinstance(x, tuple) else x for x in exporters]
         self.exporters = exporters
         # a trace backend that is not in the logger list gets the trajectories only (as in verl), not the
@@ -95,7 +95,7 @@ class Handle:
             meters.append(glob_mp.get_meter("otel_rl", __version__))
         instruments = Instruments.on(meters, self.identity, lambda: self._pipeline.queues if self._pipeline else [])
         self._pipeline = Pipeline(cfg, self.resource, [e for e in exporters if not getattr(e, "remote", False)],
-                                  instruments, scope, remote=self._sidecar, others=self.others)
+                                  instruments, scope, remote=self._export_process, others=self.others)
         self.tracer_provider = OwnProvider(self.others, self._update_tracing, resource=self.resource,
                                            id_generator=TimeOrderedIds())
         TracerProvider.add_span_processor(self.tracer_provider, make_span_processor(self._pipeline, self.others))
@@ -117,7 +117,7 @@ class Handle:
         self._record_targets = (frozenset(e.name for e in self.exporters if e.name not in only)
                                 if only else None)
 
-    def _export_process_died(self, client: SidecarClient, unsettled: list) -> None:
+    def _export_process_died(self, client: ExportProcessClient, unsettled: list) -> None:
         """The export process ended unexpectedly: its exporters continue here, in-process, and get
         the batches it had not settled again (at least once)."""
         made: dict[str, Exporter] = {}
@@ -126,8 +126,8 @@ class Handle:
             e.wants_trajectories = stub.wants_trajectories
             made[stub.name] = e
         takeover = self._pipeline.adopt(client, list(made.values()))
-        for _, records, names, wire, resource_attrs in unsettled:
-            takeover.put(records, names, wire, resource_attrs)
+        for _, shipment in unsettled:  # (seq, protocol.Shipment)
+            takeover.put(shipment.records, shipment.names, shipment.wire, shipment.resource_attrs)
         client.fallback = takeover.put
         with self._lock:
             self.exporters = [made.get(e.name, e) if getattr(e, "remote", False) else e for e in self.exporters]
@@ -382,8 +382,8 @@ class Handle:
         if _runtime.active is self.runtime:
             end_open_trajectories()  # before the pipeline's last batches: their traces go whole
             _runtime.uninstall()
-        if self._sidecar is not None:
-            self._sidecar.outcome = outcome
+        if self._export_process is not None:
+            self._export_process.outcome = outcome
         told = [e for e in self.exporters if not getattr(e, "remote", False)]
         if outcome is not None:
             for e in told:

@@ -32,16 +32,16 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, TraceFlags
 
 from . import semconv as sc
-from ._delivery import DeliveryQueue, records_for, wait_all_idle
+from ._delivery import DeliveryQueue, wait_all_idle
 from ._items import (AddQueue, FlushMarker, GenerationsItem, LogItem, OverflowStart, TrajectoryStat,
                      generations_span, log_span)
 from ._lightspan import LightSpan, TimeOrderedIds
 from ._rollouts import RolloutDeferral
 from ._token2text import DecodeJobs
 from ._values import warn_once
-from ._wire import pack, unpack
-from .records import Record, RecordBuilder, Trajectory, is_record_span
-from .serialize import DEFAULT_MAX_CHARS, materialize
+from ._wire import pack
+from .export_process.receiver import Receiver
+from .records import Record, RecordBuilder, Trajectory, is_record_span, records_for
 
 _log = logging.getLogger("otel_rl")
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
@@ -85,7 +85,7 @@ class Pipeline:
         self.decodes = DecodeJobs()  # token2text jobs left by the op wrapper
         self.queues = [DeliveryQueue(e, config.queue_size, config=config) for e in exporters
                        if e.wants_records or e.wants_spans or e.wants_trajectories]
-        # exporters in the export process (otel_rl._sidecar): records go there in one message per batch
+        # exporters in the export process (otel_rl.export_process): records go there in one message per batch
         self.remote = remote
         if remote is not None:
             self.queues = self.queues + list(remote.queues)
@@ -496,61 +496,6 @@ class Pipeline:
     def _new_context(self, parent: SpanContext | None) -> SpanContext:
         trace_id = parent.trace_id if parent is not None else self._ids.generate_trace_id()
         return SpanContext(trace_id, self._ids.generate_span_id(), is_remote=False, trace_flags=_SAMPLED)
-
-
-
-
-class Receiver:
-    """Queues fed what the training process ships to its export process: records, and packed spans
-    (`otel_rl._wire`) whose trajectories are built here.  The export process has one; so do the queues
-    that take over in the training process when it dies (`Pipeline.adopt`)."""
-
-    def __init__(self, queues: dict[str, Any], on_missing: Any = None, tokenizers: dict[int, Any] | None = None,
-                 max_chars: int = DEFAULT_MAX_CHARS):
-        self.queues = queues
-        self.on_missing = on_missing  # called (name, n records) for a name without a queue
-        self.tokenizers: dict[int, Any] = tokenizers if tokenizers is not None else {}  # token2text: key -> tokenizer
-        self.max_chars = max_chars
-        self._builder = RecordBuilder()
-        self._lock = threading.Lock()
-
-    def put(self, records: list, names: Sequence[str], wire: list | None = None,
-            resource_attrs: dict | None = None, seq: int = 0) -> None:
-        if wire:
-            from ._token2text import decode_packed
-
-            # the token2text jobs shipped with them, first: ids still to be read from an op output's copy are
-            # then read from the copy itself (the spans given texts have their copies made into text there)
-            decode_packed(wire, self.tokenizers, self.max_chars)
-            for t in wire:  # ops' inputs and outputs copied as bytes: their JSON text (serialize.snapshot)
-                materialize(t[6], self.max_chars)
-        with self._lock:
-            trajs = self._builder.build(unpack(wire, resource_attrs or {}, seq)) if wire else []
-        self.deliver(list(records) + trajs, names, seq)
-
-    def flush_partial(self) -> None:
-        """Trajectories whose root never came: what there is, to every queue that takes trajectories."""
-        with self._lock:
-            partial = self._builder.flush_partial()
-        self.deliver(partial, tuple(self.queues))
-
-    def held_since(self) -> int | None:
-        """The oldest batch seq of spans held for a trajectory whose root has not come; None if none."""
-        with self._lock:
-            held = [g[0].seq for g in self._builder.pending() if g]
-        return min(held) if held else None
-
-    def deliver(self, records: list, names: Sequence[str], seq: int = 0) -> None:
-        for n in names:
-            q = self.queues.get(n)
-            if q is None:
-                if self.on_missing is not None:
-                    self.on_missing(n, len(records))
-                continue
-            recs = records_for(q.exporter, records)
-            if recs:
-                q.put([], recs, seq)
-
 
 
 def make_span_processor(pipeline: Pipeline, others: Any) -> Any:

@@ -309,6 +309,6 @@ class DecodeJobs:
             key = len(self._keys) + 1
             self.tokenizers[key] = tokenizer
             if remote is not None:
-                remote.control(("tokenizer", key, blob))  # ahead of the batch that first needs it
+                remote.send_tokenizer(key, blob)  # ahead of the batch that first needs it
         self._keys[id(tokenizer)] = (tokenizer, key)
         return key

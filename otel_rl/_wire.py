@@ -1,6 +1,6 @@
 """Spans as plain tuples, for the export process.
 
-With tracker exporters in the export process (`otel_rl._sidecar`), the training process does
+With tracker exporters in the export process (`otel_rl.export_process`), the training process does
 not build trajectory records: the pipeline packs each ended span into a tuple of plain values
 (cheap to make and to pickle) and the export process unpacks them into `WireSpan`s, which
 offer what `otel_rl.records.RecordBuilder` reads of a span, and builds the records there.

@@ -67,8 +67,8 @@ class Config:
     spool_fsync: str = "batch"  # always | batch | never
     spool_exporters: str = "auto"  # auto (tracker exporters) | all | none | comma list of names
     export_process: str = "auto"  # auto/true: tracker exporters run in a child process | false: in-process
-    export_process_nice: int = 19  # the child's niceness increment: training keeps the CPU when both want it
-    export_process_idle: bool = True  # Linux: the child runs under SCHED_IDLE (only CPU time nothing else wants)
+    export_process_nice: int = 19  # the child's niceness increment once its runs are open: training keeps the CPU
+    export_process_idle: bool = True  # Linux: once its runs are open, the child runs under SCHED_IDLE
     forward_console: bool = True  # the training process's console to the tracker runs in the export process
     export_process_cpus: str | None = None  # Linux: CPUs the child may run on ("last", or a list like "6,7" / "4-7")
     shutdown_timeout_s: float = 10.0  # shutdown() / exit / SIGTERM: deliver within this, then spool what is left

@@ -297,6 +297,13 @@ def merge_step_metrics(records: Iterable[Record]) -> list[StepMetrics]:
     return list(merged.values())
 
 
+def records_for(exporter: Any, records: Sequence[Record]) -> list[Record]:
+    """The records of a batch that `exporter` takes (a new list): trajectories only when it wants them."""
+    if exporter.wants_trajectories:
+        return list(records)
+    return [r for r in records if not isinstance(r, Trajectory)]
+
+
 def finite_or_none(value: float | int | bool) -> float | int | bool | None:
     if type(value) is float and not math.isfinite(value):
         return None

@@ -1,4 +1,4 @@
-"""The export process (otel_rl/_sidecar.py): tracker exporters in a child process of the trainer.
+"""The export process (otel_rl/export_process/): tracker exporters in a child process of the trainer.
 
 Real parts only: a real MLflow sqlite store, real offline wandb run files and real offline
 SwanLab logs, read back with the trackers' own readers and compared exactly.  Real processes:
@@ -65,8 +65,10 @@ from trackers.test_wandb import (  # noqa: E402
 import otel_rl  # noqa: E402
 import otel_rl_mlflow  # noqa: E402
 from otel_rl import semconv as sc  # noqa: E402
-from otel_rl._sidecar import RemoteExporter  # noqa: E402
 from otel_rl.config import resolve  # noqa: E402
+from otel_rl.export_process.client import RemoteExporter  # noqa: E402
+from otel_rl.export_process.frames import read_frame, write_frame  # noqa: E402
+from otel_rl.export_process.protocol import Done, Stop, Stopped  # noqa: E402
 from otel_rl.redact import scrub_secrets  # noqa: E402
 from otel_rl.testing import CaptureExporter  # noqa: E402
 from otel_rl_mlflow import MlflowExporter  # noqa: E402
@@ -123,8 +125,8 @@ def start(**kw) -> otel_rl.Handle:
     kw.setdefault("export_process_nice", 0)
     kw.setdefault("export_process_idle", False)
     h = otel_rl.init(**kw)
-    if h._sidecar is not None:
-        _started.append(h._sidecar.proc)
+    if h._export_process is not None:
+        _started.append(h._export_process.proc)
     return h
 
 
@@ -234,17 +236,17 @@ def test_out_of_process_and_in_process_exports_are_equal(store, monkeypatch):
         cap.handle = h
         mlflow_exp = next(e for e in h.exporters if getattr(e, "tracker_name", None) == "mlflow")
         if mode == "true":
-            assert isinstance(mlflow_exp, RemoteExporter) and mlflow_exp.remote and h._sidecar is not None
+            assert isinstance(mlflow_exp, RemoteExporter) and mlflow_exp.remote and h._export_process is not None
             assert mlflow_exp.wants_trajectories  # trace_backend=mlflow: trajectories go to the export process
         else:
-            assert isinstance(mlflow_exp, MlflowExporter) and h._sidecar is None
+            assert isinstance(mlflow_exp, MlflowExporter) and h._export_process is None
         workload(steps=3, samples=2)
         assert h.flush(120), (mode, h.stats())
         stats = h.stats()["exporters"]["mlflow"]
         h.shutdown()
         assert stats["dropped"] == 0 and stats["failed_attempts"] == 0 and stats["exported"] > 0, stats
         if mode == "true":
-            assert h._sidecar.proc.wait(10) == 0  # it ends right after shutdown() returns
+            assert h._export_process.proc.wait(10) == 0  # it ends right after shutdown() returns
         # each store holds exactly what the core recorded (values, timestamps, params, traces, tables)
         client = MlflowClient(store)
         exp, run = get_run(client, name)
@@ -286,14 +288,13 @@ def test_flush_waits_for_the_export_process_and_stats_come_from_it(store, monkey
     name = project("flush")
     h = start(project=name, experiment="e", exporters=["mlflow"], batch_delay_s=0.05, export_process="true",
               export_process_nice=3)
-    child = h._sidecar.proc
-    # set by the trainer as it started the child: already there before the child read its first message
-    assert nice_of(child.pid) == min(19, os.nice(0) + 3)
+    child = h._export_process.proc
     assert [type(e) for e in h.exporters] == [RemoteExporter]
     for n in range(1, 6):
         otel_rl.log(step_values(n), step=n)
     assert h.flush(60) is True
-    assert nice_of(child.pid) == min(19, os.nice(0) + 3)  # the child lowered its priority (export_process_nice)
+    # its run open, the child lowered its priority (export_process_nice) before it answered the flush
+    assert nice_of(child.pid) == min(19, os.nice(0) + 3)
     assert os.sched_getscheduler(child.pid) == os.SCHED_OTHER  # export_process_idle=False
     # delivered before shutdown: the run is still open in the export process
     assert_steps(store, name, range(1, 6))
@@ -327,7 +328,7 @@ TRAINER = textwrap.dedent("""
 
     h = otel_rl.init(project=os.environ["PROJECT"], experiment="e", exporters=["mlflow"], batch_delay_s=0.05)
     print(json.dumps({"event": "init", "exporters": [type(e).__name__ for e in h.exporters],
-                      "sidecar_pid": h._sidecar.pid if h._sidecar is not None else None,
+                      "sidecar_pid": h._export_process.pid if h._export_process is not None else None,
                       "mlflow_imported": "mlflow" in sys.modules}), flush=True)
     steps = int(os.environ["STEPS"])
 
@@ -339,10 +340,10 @@ TRAINER = textwrap.dedent("""
     if mode in ("auto", "imports-mlflow"):
         assert h.flush(60)
         child_nice = child_policy = None
-        if h._sidecar is not None:
-            with open(f"/proc/{h._sidecar.pid}/stat") as f:
+        if h._export_process is not None:
+            with open(f"/proc/{h._export_process.pid}/stat") as f:
                 child_nice = int(f.read().rsplit(")", 1)[1].split()[16])
-            child_policy = os.sched_getscheduler(h._sidecar.pid)
+            child_policy = os.sched_getscheduler(h._export_process.pid)
         print(json.dumps({"event": "flushed", "own_nice": os.nice(0), "child_nice": child_nice,
                           "child_policy": child_policy, "own_policy": os.sched_getscheduler(0)}), flush=True)
         log_steps(steps + 1, 2 * steps)  # delivered at exit
@@ -353,7 +354,7 @@ TRAINER = textwrap.dedent("""
     if mode == "dies-during-shutdown":
         import signal, threading
         assert h.flush(60)
-        pid = h._sidecar.pid
+        pid = h._export_process.pid
         os.kill(pid, signal.SIGSTOP)  # the export process gets the next steps but cannot deliver them
         log_steps(steps + 1, 2 * steps)
         time.sleep(0.5)  # > batch_delay_s: handed to the export process
@@ -453,7 +454,7 @@ def test_export_process_sigkilled_exporters_continue_in_the_trainer(store, monke
     monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
     name = project("child-killed")
     h = start(project=name, experiment="e", exporters=["mlflow"], batch_delay_s=0.05, export_process="true")
-    client_ = h._sidecar
+    client_ = h._export_process
     for n in range(1, 6):
         otel_rl.log(step_values(n), step=n)
     assert h.flush(60)
@@ -493,7 +494,7 @@ def test_trajectories_in_flight_when_the_export_process_dies_arrive_whole(store,
     name = project("traj-death")
     h = start(project=name, experiment="e", exporters=["mlflow"], trace_backend="mlflow", batch_delay_s=0.05,
               export_process="true")
-    pid = h._sidecar.pid
+    pid = h._export_process.pid
     with otel_rl.step(1):
         with otel_rl.trajectory(sample_index=0, rollout_n=0):  # A: delivered by the export process
             plan("a")
@@ -545,7 +546,7 @@ def test_token2text_decodes_where_the_trajectories_are_built(store, monkeypatch,
     tok = CountingTokenizer() if travels else LockedTokenizer()
     h = start(project=name, experiment="e", exporters=["mlflow"], trace_backend="mlflow", token2text=True,
               tokenizer=tok, batch_delay_s=0.05, export_process="true")
-    assert h._sidecar is not None
+    assert h._export_process is not None
     for step in (1, 2):
         with otel_rl.step(step):
             for i in range(3):
@@ -600,7 +601,7 @@ def test_token2text_after_the_export_process_died_decodes_in_the_trainer(store, 
     tok = CountingTokenizer()
     h = start(project=name, experiment="e", exporters=["mlflow"], trace_backend="mlflow", token2text=True,
               tokenizer=tok, batch_delay_s=0.05, export_process="true")
-    pid = h._sidecar.pid
+    pid = h._export_process.pid
     with otel_rl.step(1):
         with otel_rl.trajectory(sample_index=0, rollout_n=0):
             generate([0, 1])
@@ -637,7 +638,7 @@ def _three_steps_delivered(store: str, monkeypatch: Any, label: str) -> tuple[An
 
 def test_flush_in_progress_when_the_export_process_dies_waits_for_the_takeover(store, monkeypatch):
     h, name = _three_steps_delivered(store, monkeypatch, "flush-death")
-    pid = h._sidecar.pid
+    pid = h._export_process.pid
     os.kill(pid, signal.SIGSTOP)  # steps 4..6 reach it but are not delivered
     for n in range(4, 7):
         otel_rl.log(step_values(n), step=n)
@@ -657,7 +658,7 @@ def test_flush_in_progress_when_the_export_process_dies_waits_for_the_takeover(s
 SWAN_CRASH = textwrap.dedent("""
     import json, sys, otel_rl
     h = otel_rl.init(project="crash", experiment="remote", exporters=["swanlab"], batch_delay_s=5.0)
-    print(json.dumps({"exporters": [type(e).__name__ for e in h.exporters], "sidecar_pid": h._sidecar.pid,
+    print(json.dumps({"exporters": [type(e).__name__ for e in h.exporters], "sidecar_pid": h._export_process.pid,
                       "swanlab_imported": "swanlab" in sys.modules}), flush=True)
     for n in range(1, 4):
         with otel_rl.step(n):
@@ -700,7 +701,7 @@ def test_wandb_through_the_export_process(wandb_dir):  # noqa: F811
               batch_delay_s=0.05, export_process="true")
     (wb,) = h.exporters
     assert isinstance(wb, RemoteExporter) and wb.exporter_class is WandbExporter
-    child = h._sidecar.proc
+    child = h._export_process.proc
     expected = {}
     for n in (1, 2, 3):
         first, second = _step_values(n)
@@ -858,17 +859,19 @@ def test_export_process_settings_defaults_errors_and_nice():
     assert otel_rl.current() is None
 
 
-def test_export_process_starts_in_the_idle_class_at_its_niceness(store, monkeypatch):
-    """The export process's niceness and scheduling class hold from its first instruction on (the trainer
-    sets them as it starts it): its start-up (Python's, its imports) already leaves the CPU to the trainer's
-    threads.  It keeps them, and so do the threads it starts."""
+def test_export_process_starts_at_the_trainers_priority_then_idles_once_its_run_is_open(store, monkeypatch):
+    """While its tracker starts, the export process runs at the training process's priority (the tracker run
+    opens during the first steps, not in shutdown()); once the run is open, every thread of it goes to the idle
+    class at its niceness, and so do the threads it starts later."""
     monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
     h = start(project=project("prio"), experiment="e", exporters=["mlflow"], export_process="true",
               export_process_nice=5, export_process_idle=True)
     try:
-        pid = h._sidecar.pid
-        assert os.sched_getscheduler(pid) == os.SCHED_IDLE and nice_of(pid) == min(19, os.nice(0) + 5)
-        assert h.flush(60)  # it has read "hello", started its exporter and delivered
+        pid = h._export_process.pid
+        # (MLflow's import alone takes longer than this look: its run cannot be open yet)
+        assert os.sched_getscheduler(pid) == os.SCHED_OTHER and nice_of(pid) == os.nice(0)
+        otel_rl.log({"x": 1.0}, step=1)
+        assert h.flush(60)  # delivered: the run is open, and the child settled before it answered
         tids = os.listdir(f"/proc/{pid}/task")
         assert len(tids) > 1
         checked = 0
@@ -880,6 +883,14 @@ def test_export_process_starts_in_the_idle_class_at_its_niceness(store, monkeypa
             assert policy == os.SCHED_IDLE and nice == min(19, os.nice(0) + 5)
             checked += 1
         assert checked > 1
+        otel_rl.log({"x": 2.0}, step=2)
+        assert h.flush(60)
+        later = set(os.listdir(f"/proc/{pid}/task")) - set(tids)  # e.g. the thread answering this flush
+        for tid in later:
+            try:
+                assert os.sched_getscheduler(int(tid)) == os.SCHED_IDLE
+            except (ProcessLookupError, FileNotFoundError):
+                continue
     finally:
         h.shutdown()
 
@@ -899,7 +910,7 @@ def test_export_process_setting_decides_where_the_exporter_runs(store, monkeypat
         h = start(project=name, experiment="e", exporters=["mlflow"], batch_delay_s=0.05, **kw)
         (e,) = h.exporters
         assert isinstance(e, RemoteExporter if remote else MlflowExporter), (env, kw)
-        assert (h._sidecar is not None) == remote
+        assert (h._export_process is not None) == remote
         otel_rl.log(step_values(1), step=1)
         h.shutdown()
         assert_steps(store, name, range(1, 2))
@@ -912,7 +923,7 @@ def test_export_process_setting_decides_where_the_exporter_runs(store, monkeypat
 
 def test_export_process_ignores_sigint(store, monkeypatch):
     h, name = _three_steps_delivered(store, monkeypatch, "sigint")
-    child = h._sidecar.proc
+    child = h._export_process.proc
     os.kill(child.pid, signal.SIGINT)  # what a Ctrl-C in the terminal sends to the whole process group
     time.sleep(0.5)
     assert child.poll() is None and pid_alive(child.pid)
@@ -920,14 +931,14 @@ def test_export_process_ignores_sigint(store, monkeypatch):
         otel_rl.log(step_values(n), step=n)
     assert h.flush(60)
     assert_steps(store, name, range(1, 7))  # delivered by the same export process: exactly once
-    assert child.poll() is None and h._sidecar.alive
+    assert child.poll() is None and h._export_process.alive
     assert [type(e) for e in h.exporters] == [RemoteExporter]  # no takeover happened
     h.shutdown()
     assert child.wait(10) == 0
 
 
 class _RunsExporter:
-    """What `_Server._settle_gc` looks at: a tracker exporter's open runs (and its queue's failures)."""
+    """What `Server._settle` looks at: a tracker exporter's open runs (and its queue's failures)."""
 
     name = "runs"
     wants_records = True
@@ -954,20 +965,21 @@ def test_export_process_gc_waits_for_the_runs_then_freezes_them():
     class Cycle:
         pass
 
-    from otel_rl import _sidecar
     from otel_rl._delivery import DeliveryQueue
+    from otel_rl.export_process.server import Server
 
     r, w = os.pipe()
-    server = _sidecar._Server(os.fdopen(r, "rb"), os.fdopen(w, "wb"))
+    server = Server(os.fdopen(r, "rb"), os.fdopen(w, "wb"))
     exp = _RunsExporter()
     q = DeliveryQueue(exp, 100)
     server.queues["runs"] = q
     was_enabled = gc.isenabled()
     try:
         gc.disable()
-        server._gc_settle_by = time.monotonic() + 60.0
-        server._settle_gc()
-        assert not gc.isenabled() and server._gc_settle_by is not None  # no run open yet
+        server._start_by = time.monotonic() + 60.0
+        server._gc_off = True
+        server._settle()
+        assert not gc.isenabled() and server._start_by is not None  # no run open yet
         q.put([], ["a record"])
         assert q.wait_idle(5.0) and exp.runs
         frozen_before = gc.get_freeze_count()
@@ -975,8 +987,8 @@ def test_export_process_gc_waits_for_the_runs_then_freezes_them():
         garbage.me = garbage
         garbage_ref = weakref.ref(garbage)
         del garbage
-        server._settle_gc()
-        assert gc.isenabled() and server._gc_settle_by is None
+        server._settle()
+        assert gc.isenabled() and server._start_by is None
         assert gc.get_freeze_count() > frozen_before
         gc.collect()
         assert garbage_ref() is not None  # frozen with the rest, not collected
@@ -991,9 +1003,10 @@ def test_export_process_gc_waits_for_the_runs_then_freezes_them():
         gc.unfreeze()
         gc.disable()
         exp.runs.clear()
-        server._gc_settle_by = time.monotonic() - 1.0
-        server._settle_gc()
-        assert gc.isenabled() and server._gc_settle_by is None
+        server._start_by = time.monotonic() - 1.0
+        server._gc_off = True
+        server._settle()
+        assert gc.isenabled() and server._start_by is None
     finally:
         gc.unfreeze()
         (gc.enable if was_enabled else gc.disable)()
@@ -1027,15 +1040,15 @@ class _GatedExporter:
 
 
 def test_export_process_settles_each_batch_once_every_queue_has_delivered_it():
-    """What the export process tells the training process it may forget (`_Server.settled`): the batches
+    """What the export process tells the training process it may forget (`Server.settled`): the batches
     below each queue's oldest one held only in memory.  A queue that is behind holds back the batches it
     has not delivered, a queue that is ahead does not hold back the others'; a batch on its way to the
     spool, or spans held for a trajectory still open, hold back theirs."""
-    from otel_rl import _sidecar
     from otel_rl._delivery import DeliveryQueue
+    from otel_rl.export_process.server import Server
 
     r, w = os.pipe()
-    server = _sidecar._Server(os.fdopen(r, "rb"), os.fdopen(w, "wb"))
+    server = Server(os.fdopen(r, "rb"), os.fdopen(w, "wb"))
     fast, slow = _GatedExporter("fast"), _GatedExporter("slow", permits=0)
     server.queues["fast"] = DeliveryQueue(fast, 1000)
     server.queues["slow"] = DeliveryQueue(slow, 1000)
@@ -1088,12 +1101,12 @@ def test_export_process_stop_finishes_each_exporter_without_waiting_for_the_othe
     """At the end, each exporter of the export process gets its last delivery, its flush and its shutdown
     on its own: one still delivering does not hold back another's run from closing.  The process reports
     "stopped" once all of them are done, with everything delivered."""
-    from otel_rl import _sidecar
     from otel_rl._delivery import DeliveryQueue
+    from otel_rl.export_process.server import Server
 
     r, w = os.pipe()
     reader = os.fdopen(r, "rb")
-    server = _sidecar._Server(reader, os.fdopen(w, "wb"))
+    server = Server(reader, os.fdopen(w, "wb"))
     fast, slow = _ClosingExporter("fast"), _ClosingExporter("slow", permits=0)
     server.queues["fast"] = DeliveryQueue(fast, 1000)
     server.queues["slow"] = DeliveryQueue(slow, 1000)
@@ -1113,8 +1126,8 @@ def test_export_process_stop_finishes_each_exporter_without_waiting_for_the_othe
         assert slow.got == ["r1", "r2", "r3"] and slow.flushed and slow.shut_at is not None
         assert slow.shut_at > fast.shut_at
         assert server.stop_event.is_set()
-        msg = _sidecar._read(reader)
-        assert msg[0] == "stopped" and msg[1]["slow"]["exported"] == 3 and msg[1]["fast"]["exported"] == 3
+        msg = read_frame(reader)
+        assert type(msg) is Stopped and msg.stats["slow"]["exported"] == 3 and msg.stats["fast"]["exported"] == 3
     finally:
         slow.allow(100)
         stopper.join(10.0)
@@ -1130,7 +1143,7 @@ def test_training_process_forgets_what_a_gathering_exporter_has_delivered(store,
     name = project("settle")
     h = start(project=name, experiment="e", exporters=["mlflow"], batch_delay_s=0.02, export_process="true",
               export_interval_s=1.0)
-    client = h._sidecar
+    client = h._export_process
     try:
         otel_rl.log(step_values(1), step=1)
         assert h.flush(60)  # the export process is up, its run open: what follows is the steady state
@@ -1165,7 +1178,7 @@ def test_a_batch_that_cannot_be_pickled_is_dropped_counted_and_logged_the_next_o
     monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
     name = project("unpicklable")
     h = start(project=name, experiment="e", exporters=["mlflow"], export_process="true")
-    client = h._sidecar
+    client = h._export_process
     try:
         otel_rl.log(step_values(1), step=1)
         assert h.flush(60)
@@ -1187,13 +1200,13 @@ def test_export_process_marks_probed_modules_that_are_not_installed():
     ``import litellm`` for each LLM span it stores); an installed one is left alone."""
     import importlib
 
-    from otel_rl import _sidecar
+    from otel_rl.export_process.ostune import mark_absent
 
     missing = f"otel_rl_not_installed_{uuid.uuid4().hex}"
     present = "colorsys"  # stdlib, not imported by anything here
     sys.modules.pop(present, None)
     try:
-        _sidecar._mark_absent([missing, present])
+        mark_absent([missing, present])
         assert sys.modules[missing] is None
         with pytest.raises(ImportError):
             importlib.import_module(missing)
@@ -1225,7 +1238,7 @@ def test_export_process_cpus_keeps_the_export_process_and_its_threads_on_those_c
         try:
             otel_rl.log(step_values(1), step=1)
             assert h.flush(60) is True  # the exporter's threads exist now
-            pid = h._sidecar.proc.pid
+            pid = h._export_process.proc.pid
             seen = thread_affinities(pid)
             assert len(seen) > 2
             assert seen == {t: want for t in seen}, spec
@@ -1254,7 +1267,7 @@ def test_export_process_cpus_none_of_which_is_available_leave_it_where_it_was_wi
             for n in (1, 2):
                 otel_rl.log(step_values(n), step=n)
             assert h.flush(60) is True
-            pid = h._sidecar.proc.pid
+            pid = h._export_process.proc.pid
             seen = thread_affinities(pid)
             assert seen and all(v == want for v in seen.values()), (spec, seen)
         finally:
@@ -1269,26 +1282,26 @@ def test_export_process_cpus_none_of_which_is_available_leave_it_where_it_was_wi
 def test_waiting_for_the_export_process_to_exit_returns_its_code_and_times_out_as_popen_does():
     # (the training process waits for the export process's exit where it has not said it is done: woken
     # by the exit itself)
-    from otel_rl._sidecar import _wait_exit
+    from otel_rl.export_process.ostune import wait_exit
 
     p = subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(3)"])
-    assert _wait_exit(p, 60) == 3 and p.returncode == 3
-    assert _wait_exit(p, 1) == 3  # already reaped
+    assert wait_exit(p, 60) == 3 and p.returncode == 3
+    assert wait_exit(p, 1) == 3  # already reaped
     p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         with pytest.raises(subprocess.TimeoutExpired):
-            _wait_exit(p, 0.3)
+            wait_exit(p, 0.3)
         assert p.poll() is None
     finally:
         p.kill()
-        assert _wait_exit(p, 60) == -signal.SIGKILL
+        assert wait_exit(p, 60) == -signal.SIGKILL
 
 
 def test_the_export_process_says_stopped_then_done_after_its_exit_hooks(tmp_path):
     """At the end the export process says "stopped" (every tracker run finished: nothing is delivered again
     after it, whatever happens next), then "done" once the exit hooks have run, even the first registered
     (run last), and only then ends: the trainer waits for "done", not for the process's end."""
-    from otel_rl import _sidecar
+    from otel_rl.export_process.client import CHILD
 
     hook_file = tmp_path / "hook"
     (tmp_path / "sitecustomize.py").write_text(textwrap.dedent(f"""
@@ -1301,17 +1314,17 @@ def test_the_export_process_says_stopped_then_done_after_its_exit_hooks(tmp_path
     r_in, w_in = os.pipe()
     r_out, w_out = os.pipe()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), *(p for p in sys.path if p)]))
-    proc = subprocess.Popen([sys.executable, "-c", _sidecar._CHILD, str(r_in), str(w_out)],
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(r_in), str(w_out)],
                             pass_fds=(r_in, w_out), env=env)
     os.close(r_in)
     os.close(w_out)
     try:
         with os.fdopen(w_in, "wb") as w, os.fdopen(r_out, "rb") as r:
-            _sidecar._write(w, ("stop", 10.0, None))
+            write_frame(w, Stop(10.0, None))
             seen = []
-            while (msg := _sidecar._read(r)) is not None:
-                seen.append((msg[0], hook_file.exists()))
-        assert seen == [("stopped", False), ("done", True)]
+            while (msg := read_frame(r)) is not None:
+                seen.append((type(msg), hook_file.exists()))
+        assert seen == [(Stopped, False), (Done, True)]
         assert proc.wait(10) == 0
     finally:
         if proc.poll() is None:

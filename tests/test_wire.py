@@ -79,7 +79,7 @@ def test_op_values_as_bytes_are_unpickled_only_from_light_spans(tmp_path):
     from opentelemetry.sdk.trace import ReadableSpan
     from opentelemetry.trace import SpanContext, TraceFlags
 
-    from otel_rl._pipeline import Receiver
+    from otel_rl.export_process.receiver import Receiver
     from otel_rl.serialize import snapshot, to_json
 
     marker = tmp_path / "unpickled"

@@ -44,7 +44,7 @@ class TrackerExporter(Exporter):
     traces_only_as_backend: bool = True
     #: can export trajectories at all (WandB's trace backend is Weave; SwanLab has no trace view)
     exports_trajectories: bool = True
-    #: may run in the export process (``export_process``, otel_rl/_sidecar.py)
+    #: may run in the export process (``export_process``, otel_rl/export_process)
     out_of_process: bool = True
     #: ... and goes there with ``export_process=auto`` when its library is not imported at init()
     export_process_auto: bool = True

@@ -92,8 +92,8 @@ elif end == "raise":
 elif end == "exit":
     sys.exit(int(os.environ.get("EXIT_CODE", "1")))
 elif end == "shutdown":
-    sidecar = getattr(h, "_sidecar", None)
-    print(f"export_pid {sidecar.proc.pid if sidecar is not None else 0}", file=sys.stderr, flush=True)
+    client = getattr(h, "_export_process", None)
+    print(f"export_pid {client.proc.pid if client is not None else 0}", file=sys.stderr, flush=True)
     while not os.path.exists(os.path.join(out, "go")):  # the test takes the tracker down meanwhile
         time.sleep(0.02)
     for n in range(steps + 1, 2 * steps + 1):  # logged while the tracker is down

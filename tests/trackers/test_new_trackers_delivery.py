@@ -18,7 +18,7 @@ pytest.importorskip("otel_rl_trackio")
 pytest.importorskip("otel_rl_clearml")
 
 import otel_rl  # noqa: E402
-from otel_rl._sidecar import RemoteExporter  # noqa: E402
+from otel_rl.export_process.client import RemoteExporter  # noqa: E402
 
 from .new_stores import (GENERATIONS, assert_same_points, clearml_config, clearml_expected,  # noqa: E402
                          clearml_points, clearml_sessions, clearml_tables, clearml_task, run_workload,

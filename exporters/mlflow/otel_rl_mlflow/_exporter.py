@@ -96,7 +96,7 @@ class MlflowExporter(TrackerExporter):
 
     tracker_name = "mlflow"
     #: MLflow's cost calculation tries ``import litellm`` for every LLM span it stores (~0.2 ms when it is
-    #: not installed); the export process marks these absent once (`otel_rl._sidecar._mark_absent`)
+    #: not installed); the export process marks these absent once (`otel_rl.export_process.ostune.mark_absent`)
     probed_modules = ("litellm",)
     #: what MLflow's import and its store's opening would load for nothing here
     #: (`otel_rl.exporters.packages.hidden_imports`): pandas for MLflow's dataset helpers; pygments for the
