@@ -40,6 +40,17 @@ if [ "${1:-}" = "--test" ]; then
   # otelcol-rl, the project's OpenTelemetry Collector (Go, from the official modules; built once, then only
   # when deploy/collector/build/ changes) -> .cache/bin/otelcol-rl
   bash scripts/build-collector.sh
+  # Arize Phoenix, the OpenInference trace store behind the gateway (deploy/collector/phoenix.yaml): its pins
+  # clash with ours, so it gets its own venv, made again only when scripts/phoenix-requirements.txt changes
+  PHX=.cache/phoenix-venv
+  PHX_WANT=$(sha256sum scripts/phoenix-requirements.txt | cut -d' ' -f1)
+  if [ "$(cat "$PHX/.requirements-sha256" 2>/dev/null)" != "$PHX_WANT" ]; then
+    rm -rf "$PHX"
+    "$PY" -m venv "$PHX"
+    "$PHX/bin/python" -m pip install -q --upgrade pip
+    "$PHX/bin/python" -m pip install -q -r scripts/phoenix-requirements.txt
+    echo "$PHX_WANT" > "$PHX/.requirements-sha256"
+  fi
 else
   "${PIP[@]}" -e ".[all]" "${EXPORTERS[@]}"
 fi
