@@ -781,6 +781,7 @@ class MlflowExporter(TrackerExporter):
         by_trace: dict[str, list[Any]] = {}
         for s in spans:
             by_trace.setdefault(s.trace_id, []).append(s)
+        roots = {s.trace_id: s for s in spans if s.parent_id is None}
         for t in trajs:
             tid = _traces.mlflow_trace_id(t.trace_id)
             tspans = by_trace.get(tid, [])
@@ -800,13 +801,27 @@ class MlflowExporter(TrackerExporter):
                 request_time=start_ms,
                 state=state,
                 execution_duration=max(0, end_ms - start_ms),
-                request_preview=(root.inputs or "")[:1000] or None,
-                response_preview=(root.output or "")[:1000] or None,
+                request_preview=_preview(roots.get(tid), _traces.ATTR_INPUTS, "user"),
+                response_preview=_preview(roots.get(tid), _traces.ATTR_OUTPUTS, "assistant"),
                 trace_metadata=metadata,
                 tags=_traces.trace_tags(t),
             )
             returned = tracing.start_trace(info)
             tracing._upload_trace_data(returned, TraceData(spans=tspans))
+
+
+def _preview(root: Any, key: str, role: str) -> str | None:
+    """A trace's request / response preview from its root span's inputs / outputs, as MLflow makes it
+    when it stores spans."""
+    text = root._span.attributes.get(key) if root is not None else None
+    if not text:
+        return None
+    try:
+        from mlflow.tracing.utils.truncation import _get_truncated_preview
+
+        return _get_truncated_preview(text, role=role)
+    except Exception:  # an MLflow without it: the JSON text, cut as MLflow cuts it
+        return text if len(text) <= 1000 else text[:997] + "..."
 
 
 def _clear_server_version_cache() -> None:
