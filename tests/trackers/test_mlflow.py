@@ -9,6 +9,7 @@ No mocks.  The server is started once for the module (it takes several seconds).
 
 from __future__ import annotations
 
+import getpass
 import hashlib
 import json
 import math
@@ -329,6 +330,11 @@ def test_workload_reads_back_exactly(store_uri, caplog):
     assert run.info.run_name == "grpo-1"
     assert run.info.status == "FINISHED"
     assert run.data.tags[otel_rl_mlflow.RUN_ID_TAG] == rid
+    # the run page's User and Source, as mlflow.start_run sets them in this process (the export process
+    # that created the run is a child of it)
+    assert run.data.tags["mlflow.user"] == getpass.getuser()
+    assert run.data.tags["mlflow.source.type"] == "LOCAL"
+    assert run.data.tags["mlflow.source.name"] == sys.argv[0]
     check_params(run, CONFIG)
     check_metrics(client, run, cap)
     inf = json.loads(run.data.tags[otel_rl_mlflow.INF_METRICS_TAG])

@@ -5,8 +5,14 @@ with MlflowClient."""
 
 from __future__ import annotations
 
+import getpass
 import json
+import os
+import subprocess
+import sys
+import textwrap
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -16,7 +22,10 @@ pytest.importorskip("otel_rl_mlflow")
 from mlflow import MlflowClient  # noqa: E402
 
 import otel_rl  # noqa: E402
+from otel_rl_mlflow._context import main_file  # noqa: E402
 from t2t_tokenizers import CountingTokenizer  # noqa: E402  (tests/ is on sys.path)
+
+from _mlflow_server import server_env  # noqa: E402
 
 SYSTEM = "You are a careful calculator. " * 20  # a long system prompt: the user message is what is shown
 
@@ -118,3 +127,39 @@ def test_token2text_prompt_and_response_are_the_decoded_texts(store):
     (tr,) = _traces(store, project)
     assert json.loads(tr.info.request_preview)["prompt"] == "abc"  # the first call's prompt, decoded
     assert json.loads(tr.info.response_preview) == {"response": "de", "reward": 1.0}
+
+
+def test_run_source_and_user_are_the_training_scripts_from_the_export_process(tmp_path):
+    """The run is created in the export process (`python -c ...`): its Source is still the training
+    script, as `mlflow.start_run` in that script would set it."""
+    script = tmp_path / "train_grpo.py"
+    script.write_text(textwrap.dedent("""
+        import otel_rl
+        h = otel_rl.init({}, project="src", experiment="e", exporters=["mlflow"], export_process="true")
+        assert h._sidecar is not None
+        h.log({"loss": 1.0}, step=1)
+        h.shutdown()
+    """))
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    env = server_env()
+    env.update(MLFLOW_TRACKING_URI=uri, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    out = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    client = MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("src").experiment_id])
+    assert run.data.tags["mlflow.source.name"] == str(script)
+    assert run.data.tags["mlflow.source.type"] == "LOCAL"
+    assert run.data.tags["mlflow.user"] == getpass.getuser()
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["python", "train.py", "--lr", "1"], "train.py"),
+    (["python", "-u", "-W", "ignore", "-X", "dev", "/abs/train.py"], "/abs/train.py"),
+    (["python", "-c", "import x"], "-c"),
+    (["python", "-Wignore", "-m", "json.tool"], str(Path(json.__file__).with_name("tool.py"))),
+    (["python", "-m", "no_such_module_here"], "no_such_module_here"),
+    (["python"], "<console>"),
+])
+def test_main_file_is_what_python_puts_in_argv0(args, expected):
+    assert main_file(args) == expected

@@ -45,6 +45,7 @@ from otel_rl.records import Generations, RunIdentity, RunStart, StepMetrics, Tra
 from otel_rl.spool.store import _fsync_dir
 
 from . import _bulk, _bulk_metrics, _traces
+from ._context import run_context_tags
 from ._keys import (
     MAX_EXPERIMENT_NAME_CHARS,
     MAX_KEY_CHARS,
@@ -444,7 +445,10 @@ class MlflowExporter(TrackerExporter):
             if found:
                 mlrun = found[0]
             else:
-                tags = {RUN_ID_TAG: ident.run_id} if ident.run_id else {}
+                # User and Source on the run page, as mlflow.start_run sets them
+                tags = run_context_tags()
+                if ident.run_id:
+                    tags[RUN_ID_TAG] = ident.run_id
                 mlrun = client.create_run(experiment_id, run_name=shorten_name(ident.experiment, MAX_KEY_CHARS),
                                           tags=tags)
                 new = True
