@@ -120,10 +120,151 @@ class Trajectory:
             out[sc.TAG_SAMPLE_INDEX] = str(self.sample_index)
         if self.rollout_n is not None:
             out[sc.TAG_ROLLOUT_N] = str(self.rollout_n)
+        reward = self.reward
+        if reward is not None:
+            out[sc.TAG_REWARD] = str(reward)
         return out
+
+    @property
+    def reward(self) -> float | None:
+        """The reward set on the trajectory (`set_reward`), else the number its last REWARD op returned."""
+        value = self.root.attributes.get(sc.RL_REWARD)
+        if value is None:
+            for node in reversed([n for n in self.root.walk() if n.kind == sc.KIND_REWARD]):
+                value = _number(_parsed(node.output))
+                if value is not None:
+                    break
+        return _number(value)
+
+    def rollout_inputs(self) -> dict[str, Any] | None:
+        """What the trajectory's root shows as its inputs: the prompt, then the rollout's coordinates
+        (step, sample_index, rollout_n, validate); None when its root has inputs of its own."""
+        if self.root.inputs is not None:
+            return None
+        out: dict[str, Any] = {}
+        prompt = _prompt(self.root)
+        if prompt is not None:
+            out["prompt"] = prompt
+        for key, value in ((sc.TAG_STEP, self.step), (sc.TAG_SAMPLE_INDEX, self.sample_index),
+                           (sc.TAG_ROLLOUT_N, self.rollout_n)):
+            if value is not None:
+                out[key] = value
+        out[sc.TAG_VALIDATE] = self.validate
+        return out
+
+    def rollout_outputs(self) -> dict[str, Any] | None:
+        """What the trajectory's root shows as its output: the final response and the reward; None when
+        its root has an output of its own, or there is neither."""
+        if self.root.output is not None:
+            return None
+        out: dict[str, Any] = {}
+        response = _response(self.root)
+        if response is not None:
+            out["response"] = response
+        reward = self.reward
+        if reward is not None:
+            out[sc.TAG_REWARD] = reward
+        return out or None
 
 
 Record = Union[RunStart, StepMetrics, Generations, Trajectory]
+
+#: characters of the prompt and of the response a trajectory's root repeats (the whole texts stay on
+#: their LLM spans)
+ROLLOUT_TEXT_CHARS = 1000
+
+
+def _parsed(text: Any) -> Any:
+    """An op's inputs/output JSON text as a value; text that is not JSON (cut short) as it is."""
+    if isinstance(text, str):
+        try:
+            return json.loads(text)
+        except ValueError:
+            return text
+    return text
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+def _short(value: Any) -> Any:
+    if isinstance(value, str) and len(value) > ROLLOUT_TEXT_CHARS:
+        return value[:ROLLOUT_TEXT_CHARS - 3] + "..."
+    return value
+
+
+def _content_text(content: Any) -> str | None:
+    """The text of a chat message's content: a string, or the first text part of a list of parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        for part in content:
+            if isinstance(part, str):
+                return part
+            if isinstance(part, dict) and isinstance(part.get("text"), str):
+                return part["text"]
+    return None
+
+
+def _llm_nodes(root: SpanNode) -> list[SpanNode]:
+    return sorted((n for n in root.walk() if n.kind == sc.KIND_LLM and n is not root), key=lambda n: n.start_ns)
+
+
+def _prompt(root: SpanNode) -> Any:
+    """The first LLM call's prompt: its first user message, the text token2text decoded, or a `prompt`
+    argument; else that call's (or the first op's) inputs as they are."""
+    llm = _llm_nodes(root)
+    first = llm[0] if llm else next((n for n in root.walk() if n is not root and n.inputs is not None), None)
+    if first is None:
+        return None
+    inputs = _parsed(first.inputs)
+    if isinstance(inputs, dict):
+        messages = inputs.get("messages")
+        if isinstance(messages, list):
+            for m in messages:
+                if isinstance(m, dict) and m.get("role") == "user":
+                    text = _content_text(m.get("content"))
+                    if text is not None:
+                        return _short(text)
+        output = _parsed(first.output)
+        if llm and isinstance(output, dict) and isinstance(output.get(sc.PROMPT_TEXT), str):
+            return _short(output[sc.PROMPT_TEXT])
+        for key in ("prompt", "text", "input"):
+            if isinstance(inputs.get(key), str):
+                return _short(inputs[key])
+        for ids in (inputs, output):
+            if isinstance(ids, dict) and ids.get(sc.PROMPT_IDS) is not None:
+                return ids[sc.PROMPT_IDS]
+    return _short(inputs) if isinstance(inputs, str) else inputs
+
+
+def _response(root: SpanNode) -> Any:
+    """The last LLM call's response: the text token2text decoded, a chat message's content, a `text` /
+    `content` / `response` field; else that call's output as it is."""
+    llm = _llm_nodes(root)
+    if not llm:
+        return None
+    last = max(llm, key=lambda n: (n.end_ns, n.start_ns))
+    output = _parsed(last.output)
+    if isinstance(output, dict):
+        if isinstance(output.get(sc.RESPONSE_TEXT), str):
+            return _short(output[sc.RESPONSE_TEXT])
+        choices = output.get("choices")
+        if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+            message = choices[0].get("message")
+            text = _content_text(message.get("content")) if isinstance(message, dict) else choices[0].get("text")
+            if isinstance(text, str):
+                return _short(text)
+        for key in ("content", "text", "response"):
+            text = _content_text(output.get(key))
+            if text is not None:
+                return _short(text)
+        if output.get(sc.RESPONSE_IDS) is not None:
+            return output[sc.RESPONSE_IDS]
+    return _short(output) if isinstance(output, str) else output
 
 
 def _status(span: Any) -> tuple[str, str | None]:

@@ -118,6 +118,7 @@ TAG_SAMPLE_INDEX = "sample_index"
 TAG_ROLLOUT_N = "rollout_n"
 TAG_VALIDATE = "validate"
 TAG_EXPERIMENT_NAME = "experiment_name"
+TAG_REWARD = "reward"
 VAL_GENERATIONS_KEY = "val/generations"
 TIMING_PREFIX = "timing_s/"
 

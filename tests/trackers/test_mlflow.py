@@ -9,6 +9,7 @@ No mocks.  The server is started once for the module (it takes several seconds).
 
 from __future__ import annotations
 
+import getpass
 import hashlib
 import json
 import math
@@ -234,6 +235,7 @@ def check_trace(trace, t: Trajectory) -> None:
     for k, v in t.tags().items():
         assert info.tags[k] == v
     assert info.tags["mlflow.traceName"] == t.name
+    check_rollout_preview(trace, t)
     assert info.state.value == ("ERROR" if t.root.status == "ERROR" else "OK")
     nodes = {f"{n.span_id:016x}": n for n in t.root.walk()}
     spans = {s.span_id: s for s in trace.data.spans}
@@ -268,6 +270,20 @@ def check_trace(trace, t: Trajectory) -> None:
             usage_in, usage_out = usage_in + tin, usage_out + tout
     assert info.token_usage == {"input_tokens": usage_in, "output_tokens": usage_out,
                                 "total_tokens": usage_in + usage_out}
+
+
+def check_rollout_preview(trace, t: Trajectory) -> None:
+    """The root span shows the rollout (the workload's prompt ids, reply text, reward and coordinates), and
+    the trace list's Request / Response columns are made of it."""
+    reward = 0.0 if (t.step, t.sample_index) == (2, 0) else 1.0  # the failed calculator call scores 0
+    assert t.tags()["reward"] == str(reward)
+    inputs = {"prompt": list(range(5 + t.sample_index)), "step": t.step, "sample_index": t.sample_index,
+              "rollout_n": t.step % 2, "validate": False}
+    outputs = {"response": "x = 4", "reward": reward}
+    root = next(s for s in trace.data.spans if s.parent_id is None)
+    assert root.inputs == inputs and root.outputs == outputs
+    assert json.loads(trace.info.request_preview) == inputs
+    assert json.loads(trace.info.response_preview) == outputs
 
 
 def check_traces(run, experiment_id: str, cap: CaptureExporter) -> None:
@@ -314,6 +330,11 @@ def test_workload_reads_back_exactly(store_uri, caplog):
     assert run.info.run_name == "grpo-1"
     assert run.info.status == "FINISHED"
     assert run.data.tags[otel_rl_mlflow.RUN_ID_TAG] == rid
+    # the run page's User and Source, as mlflow.start_run sets them in this process (the export process
+    # that created the run is a child of it)
+    assert run.data.tags["mlflow.user"] == getpass.getuser()
+    assert run.data.tags["mlflow.source.type"] == "LOCAL"
+    assert run.data.tags["mlflow.source.name"] == sys.argv[0]
     check_params(run, CONFIG)
     check_metrics(client, run, cap)
     inf = json.loads(run.data.tags[otel_rl_mlflow.INF_METRICS_TAG])

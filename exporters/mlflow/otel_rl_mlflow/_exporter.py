@@ -41,6 +41,7 @@ from otel_rl.exporters.tracker import TrackerExporter, flatten_config
 from otel_rl.records import Generations, RunIdentity, RunStart, StepMetrics, Trajectory
 
 from . import _traces
+from ._context import run_context_tags
 from .direct import metrics as direct_metrics
 from .direct import traces as direct_traces
 from .direct.store import create_sqlite_store
@@ -231,7 +232,10 @@ class MlflowExporter(TrackerExporter):
             if found:
                 mlrun = found[0]
             else:
-                tags = {RUN_ID_TAG: ident.run_id} if ident.run_id else {}
+                # User and Source on the run page, as mlflow.start_run sets them
+                tags = run_context_tags()
+                if ident.run_id:
+                    tags[RUN_ID_TAG] = ident.run_id
                 mlrun = client.create_run(experiment_id, run_name=shorten_name(ident.experiment, MAX_KEY_CHARS),
                                           tags=tags)
                 new = True
@@ -568,6 +572,7 @@ class MlflowExporter(TrackerExporter):
         by_trace: dict[str, list[Any]] = {}
         for s in spans:
             by_trace.setdefault(s.trace_id, []).append(s)
+        roots = {s.trace_id: s for s in spans if s.parent_id is None}
         for t in trajs:
             tid = _traces.mlflow_trace_id(t.trace_id)
             tspans = by_trace.get(tid, [])
@@ -587,8 +592,8 @@ class MlflowExporter(TrackerExporter):
                 request_time=start_ms,
                 state=state,
                 execution_duration=max(0, end_ms - start_ms),
-                request_preview=(root.inputs or "")[:1000] or None,
-                response_preview=(root.output or "")[:1000] or None,
+                request_preview=_traces.preview(roots.get(tid), _traces.ATTR_INPUTS, "user"),
+                response_preview=_traces.preview(roots.get(tid), _traces.ATTR_OUTPUTS, "assistant"),
                 trace_metadata=metadata,
                 tags=_traces.trace_tags(t),
             )

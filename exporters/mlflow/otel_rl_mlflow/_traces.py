@@ -13,7 +13,12 @@ one call:
 - ``gen_ai.usage.input_tokens`` / ``output_tokens`` -> ``mlflow.chat.tokenUsage``
   (MLflow sums it into the trace's token usage);
 - ``gen_ai.request.model`` / ``gen_ai.response.model`` -> ``mlflow.llm.model``;
-- trace tags (``step``, ``sample_index``, ``rollout_n``, ``validate``,
+- the trajectory's root (which has no inputs or output of its own) gets the rollout's
+  (`Trajectory.rollout_inputs` / `rollout_outputs`: the prompt and the step,
+  sample_index, rollout_n and validate; the final response and the reward): MLflow
+  makes the trace's request / response previews, the trace list's Input and Output
+  columns, from them;
+- trace tags (``step``, ``sample_index``, ``rollout_n``, ``validate``, ``reward``,
   ``experiment_name``) and the trace name as ``mlflow.traceTag.*`` attributes
   of the root span, which the store turns into trace tags;
 - every other attribute and every event (``exception`` with type, message and
@@ -165,6 +170,11 @@ class SpanBuilder:
             attrs = self._attributes(node, request_id)
             if node is t.root:
                 attrs.update(root_tags)
+                rollout_in, rollout_out = t.rollout_inputs(), t.rollout_outputs()
+                if rollout_in is not None:
+                    attrs[ATTR_INPUTS] = _attr(rollout_in)
+                if rollout_out is not None:
+                    attrs[ATTR_OUTPUTS] = _attr(rollout_out)
                 parent = None  # a partial trajectory's stand-in root has a parent we never saw
             else:
                 parent = node.parent_id
@@ -245,3 +255,17 @@ def chunks(trajectories: Sequence[Trajectory], max_traces: int, max_spans: int,
     if cur:
         out.append(cur)
     return out
+
+
+def preview(root: Any, key: str, role: str) -> str | None:
+    """A trace's request / response preview from its root span's inputs / outputs, as MLflow makes it
+    when it stores spans."""
+    text = root._span.attributes.get(key) if root is not None else None
+    if not text:
+        return None
+    try:
+        from mlflow.tracing.utils.truncation import _get_truncated_preview
+
+        return _get_truncated_preview(text, role=role)
+    except Exception:  # an MLflow without it: the JSON text, cut as MLflow cuts it
+        return text if len(text) <= 1000 else text[:997] + "..."
