@@ -23,20 +23,31 @@ def pytest_collectreport(report: pytest.CollectReport) -> None:
         report.longrepr = f"skipped on CI (a dependency is missing): {report.longrepr}"
 
 
-@pytest.fixture(autouse=True)
-def _restore_mlflow_tracking_uri():
-    """A test that calls mlflow.set_tracking_uri() must not redirect the next test's data
-    (MLflow keeps it in a module global and also writes it to os.environ)."""
+_MLFLOW_ENV = ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_RUN_ID")
+_MLFLOW_ENV_AT_START = {k: os.environ.get(k) for k in _MLFLOW_ENV}
+
+
+def _reset_mlflow_globals() -> None:
+    """MLflow keeps the tracking URI and the active experiment in module globals and copies them into
+    os.environ (``set_tracking_uri``, ``set_experiment``): back to how the session started."""
     import sys
 
     utils = sys.modules.get("mlflow.tracking._tracking_service.utils")
-    before = getattr(utils, "_tracking_uri", None) if utils is not None else None
-    env_before = os.environ.get("MLFLOW_TRACKING_URI")
-    yield
-    utils = sys.modules.get("mlflow.tracking._tracking_service.utils")
     if utils is not None and hasattr(utils, "_tracking_uri"):
-        utils._tracking_uri = before
-    if env_before is None:
-        os.environ.pop("MLFLOW_TRACKING_URI", None)
-    else:
-        os.environ["MLFLOW_TRACKING_URI"] = env_before
+        utils._tracking_uri = None
+    fluent = sys.modules.get("mlflow.tracking.fluent")
+    if fluent is not None and hasattr(fluent, "_active_experiment_id"):
+        fluent._active_experiment_id = None
+    for k, v in _MLFLOW_ENV_AT_START.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+@pytest.fixture(autouse=True)
+def _restore_mlflow_globals():
+    """A test (or a module-scoped fixture before it) that points MLflow's fluent API somewhere must not
+    redirect the next test's data: after every test, MLflow's globals are as at the session's start."""
+    yield
+    _reset_mlflow_globals()
