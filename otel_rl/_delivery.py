@@ -22,7 +22,6 @@ from ._batch import Entry, ExporterStats
 from ._spill import Spiller, make_spool
 from ._values import warn_once
 from .exporters.base import DATA_ERRORS, is_data_error
-from .records import Record, Trajectory
 
 _log = logging.getLogger("otel_rl")
 #: an idle queue with unsynced spool writes fsyncs them this often

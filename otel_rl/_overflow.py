@@ -21,7 +21,6 @@ import struct
 import tempfile
 import threading
 from collections import deque
-from typing import Any
 
 _log = logging.getLogger("otel_rl")
 CHUNK = 512  # records held in memory before they are written to the spill file together

@@ -136,7 +136,7 @@ def test_run_source_and_user_are_the_training_scripts_from_the_export_process(tm
     script.write_text(textwrap.dedent("""
         import otel_rl
         h = otel_rl.init({}, project="src", experiment="e", exporters=["mlflow"], export_process="true")
-        assert h._sidecar is not None
+        assert h._export_process is not None
         h.log({"loss": 1.0}, step=1)
         h.shutdown()
     """))

@@ -15,7 +15,7 @@ import importlib.util
 import os
 from typing import Any
 
-#: set in the environment of the export process (otel_rl._sidecar.IN_EXPORT_PROCESS)
+#: set in the environment of the export process (otel_rl.export_process.protocol.IN_EXPORT_PROCESS)
 IN_EXPORT_PROCESS = "OTEL_RL_IN_EXPORT_PROCESS"
 #: python options that take a value as the next argument (`python -W error script.py`)
 _OPTIONS_WITH_VALUE = {"-W", "-X", "--check-hash-based-pycs"}
