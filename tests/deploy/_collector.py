@@ -188,3 +188,17 @@ def wait_until(check, timeout: float, every: float = 0.5):
         if answer is None or time.monotonic() > deadline:
             return answer
         time.sleep(every)
+
+
+def start_bridge(store: Path, port: int, token: str):
+    """`otel-rl bridge` with the MLflow exporter writing the sqlite store under `store`, bearer token `token`,
+    OTLP/HTTP on 127.0.0.1:`port` (fixed, so a restarted bridge is found again), OTLP/gRPC on a free port."""
+    from bridge.helpers import BridgeProcess, clean_env, tracker_env
+    from mlflow import MlflowClient
+
+    # the store's tables made here, so the test never reads a database the bridge is still creating
+    MlflowClient(f"sqlite:///{store}/mlflow.db").search_experiments()
+    return BridgeProcess(["--exporters", "mlflow", "--trace-backend", "mlflow", "--batch-delay", "0.05",
+                          "--prometheus-port", "0", "--auth-token-env", "OTEL_RL_BRIDGE_TOKEN",
+                          "--http-address", f"127.0.0.1:{port}", "--shutdown-timeout", "30"],
+                         clean_env(**tracker_env(store), OTEL_RL_BRIDGE_TOKEN=token), store)

@@ -19,14 +19,13 @@ import random
 import time
 import urllib.request
 import uuid
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from . import _stack as S
-from ._collector import (COLLECTOR_DIR, Collector, mlflow_snapshot, otelcol_available, store_mismatch, trainer,
-                         wait_ok, wait_until)
+from ._collector import (COLLECTOR_DIR, Collector, mlflow_snapshot, otelcol_available, start_bridge, store_mismatch,
+                         trainer, wait_ok, wait_until)
 
 if not otelcol_available():
     pytest.skip("otelcol-rl is not built (bash scripts/build-collector.sh)", allow_module_level=True)
@@ -46,18 +45,6 @@ GATEWAY_EXTRA = {
         "metrics": {"receivers": ["otlp"], "processors": ["memory_limiter"], "exporters": ["debug"]}}},
 }
 OUTAGE_S = 30.0
-
-
-def start_bridge(store: Path, port: int, token: str):
-    from bridge.helpers import BridgeProcess, clean_env, tracker_env
-    from mlflow import MlflowClient
-
-    # the store's tables made here, so the test never reads a database the bridge is still creating
-    MlflowClient(f"sqlite:///{store}/mlflow.db").search_experiments()
-    return BridgeProcess(["--exporters", "mlflow", "--trace-backend", "mlflow", "--batch-delay", "0.05",
-                          "--prometheus-port", "0", "--auth-token-env", "OTEL_RL_BRIDGE_TOKEN",
-                          "--http-address", f"127.0.0.1:{port}", "--shutdown-timeout", "30"],
-                         clean_env(**tracker_env(store), OTEL_RL_BRIDGE_TOKEN=token), store)
 
 
 @pytest.fixture(scope="module")
