@@ -181,7 +181,7 @@ def _check_mlflow_against_capture(run: dict, cap: dict) -> None:
             sorted((sid, pid if i else None, name, start, end)
                    for i, (sid, pid, name, start, end, _) in enumerate(t["spans"]))
     steps = sorted({g[0] for g in cap["generations"]})
-    assert sorted(run["tables"]) == [f"val_generations/step_{n}.json" for n in steps]
+    assert sorted(run["tables"]) == sorted(f"val_generations/step_{n}.json" for n in steps)
     for step, rows in cap["generations"]:
         got = run["tables"][f"val_generations/step_{step}.json"]
         assert [(r["input"], r["output"]) for r in got] == [(i, o) for i, o, _ in rows]

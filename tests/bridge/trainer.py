@@ -20,6 +20,7 @@ import gzip
 import json
 import math
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -59,8 +60,10 @@ def score(answer: float) -> float:
     return 1.0 if answer == 4.0 else 0.0
 
 
-def workload(steps: int, samples: int) -> None:
+def workload(steps: int, samples: int, step_pause_s: float = 0.0) -> None:
     for n in range(1, steps + 1):
+        if n > 1 and step_pause_s:
+            time.sleep(step_pause_s)
         with otel_rl.step(n):
             with otel_rl.timer("gen"):
                 for i in range(samples):
@@ -188,6 +191,7 @@ def main() -> int:
     p.add_argument("--run-id", required=True)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--samples", type=int, default=2)
+    p.add_argument("--step-pause", type=float, default=0.0, help="seconds between steps (a run that lasts)")
     a = p.parse_args()
     cap = CaptureExporter()
     kw: dict[str, Any] = dict(project=a.project, experiment=a.experiment, run_id=a.run_id, batch_delay_s=0.05,
@@ -204,7 +208,7 @@ def main() -> int:
         encoder = js.encoder
         h = otel_rl.init(CONFIG, exporters=[js, cap], **kw)
     cap.handle = h
-    workload(a.steps, a.samples)
+    workload(a.steps, a.samples, a.step_pause)
     assert h.flush(120), "flush timed out"
     stats = h.stats()
     h.shutdown(120)

@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -117,3 +118,87 @@ class Collector:
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
             return self.proc.wait(10)
+
+
+# ----------------------------------------------------------------------------- trainers and the MLflow stores
+
+
+def trainer(mode: str, endpoint: str, out: Path, env: dict, cwd: Path, project: str, run_id: str,
+            steps: int = 3, samples: int = 2, step_pause_s: float = 0.0) -> subprocess.Popen:
+    """tests/bridge/trainer.py: the instrumented workload over OTLP; what it recorded goes to `out` (JSON)."""
+    from bridge.helpers import TRAINER
+
+    cmd = [sys.executable, str(TRAINER), mode, endpoint, str(out), "--project", project, "--experiment", "grpo",
+           "--run-id", run_id, "--steps", str(steps), "--samples", str(samples), "--step-pause", str(step_pause_s)]
+    return subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def wait_ok(proc: subprocess.Popen, what: str, timeout: float = 300) -> None:
+    out, _ = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, f"{what} failed ({proc.returncode}):\n{out.decode(errors='replace')[-4000:]}"
+
+
+def mlflow_snapshot(store: Path, project: str) -> dict:
+    """{otel-rl run id: what the MLflow sqlite store under `store` holds for it}, {} before the project exists."""
+    from bridge.test_trackers import _mlflow_snapshot
+
+    try:
+        return _mlflow_snapshot(f"sqlite:///{store}/mlflow.db", project)
+    except AssertionError:  # no experiment yet
+        return {}
+
+
+def without_status(snapshot: dict) -> dict:
+    """A store snapshot without the runs' status: the bridge ends its runs only when it stops (FINISHED), while the
+    in-process store's run ended with its trainer."""
+    return {rid: {k: v for k, v in run.items() if k != "status"} for rid, run in snapshot.items()}
+
+
+def wait_for_store(store: Path, project: str, want: dict, timeout: float = 120) -> dict:
+    """The store's snapshot once it equals `want` but for the runs' status (or the last one read, at the
+    deadline)."""
+    deadline = time.monotonic() + timeout
+    want = without_status(want)
+    while True:
+        got = mlflow_snapshot(store, project)
+        if without_status(got) == want or time.monotonic() > deadline:
+            return got
+        time.sleep(0.5)
+
+
+def store_mismatch(run: dict | None, cap: dict) -> str | None:
+    """None when the MLflow run holds exactly what the trainer recorded (`cap`): every metric point once, every
+    trajectory as one trace with its spans, every table; else what differs."""
+    from bridge.test_trackers import _check_mlflow_against_capture
+
+    if run is None:
+        return "no run"
+    try:
+        _check_mlflow_against_capture(run, cap)
+    except AssertionError as e:
+        return str(e)[:2000] or "differs"
+    return None
+
+
+def wait_until(check, timeout: float, every: float = 0.5):
+    """Calls `check()` until it returns None; returns that None, or the last answer at the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        answer = check()
+        if answer is None or time.monotonic() > deadline:
+            return answer
+        time.sleep(every)
+
+
+def start_bridge(store: Path, port: int, token: str):
+    """`otel-rl bridge` with the MLflow exporter writing the sqlite store under `store`, bearer token `token`,
+    OTLP/HTTP on 127.0.0.1:`port` (fixed, so a restarted bridge is found again), OTLP/gRPC on a free port."""
+    from bridge.helpers import BridgeProcess, clean_env, tracker_env
+    from mlflow import MlflowClient
+
+    # the store's tables made here, so the test never reads a database the bridge is still creating
+    MlflowClient(f"sqlite:///{store}/mlflow.db").search_experiments()
+    return BridgeProcess(["--exporters", "mlflow", "--trace-backend", "mlflow", "--batch-delay", "0.05",
+                          "--prometheus-port", "0", "--auth-token-env", "OTEL_RL_BRIDGE_TOKEN",
+                          "--http-address", f"127.0.0.1:{port}", "--shutdown-timeout", "30"],
+                         clean_env(**tracker_env(store), OTEL_RL_BRIDGE_TOKEN=token), store)

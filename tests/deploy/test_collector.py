@@ -14,20 +14,17 @@ No Tempo runs here: the gateway's traces pipeline is narrowed to the bridge expo
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import subprocess
-import sys
 import time
 import uuid
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from . import _stack as S
-from ._collector import COLLECTOR_DIR, Collector, otelcol_available, validate
+from ._collector import (COLLECTOR_DIR, Collector, mlflow_snapshot, otelcol_available, trainer, validate,
+                         wait_for_store, wait_ok)
 
 if not otelcol_available():
     pytest.skip("otelcol-rl is not built (bash scripts/build-collector.sh)", allow_module_level=True)
@@ -68,39 +65,6 @@ def test_validate_refuses_an_unknown_component(tmp_path):
 
 
 # ----------------------------------------------------------------------------- trainer -> agent -> gateway -> bridge
-
-
-def trainer(mode: str, endpoint: str, out: Path, env: dict, cwd: Path, project: str, run_id: str,
-            steps: int = 3, samples: int = 2) -> subprocess.Popen:
-    from bridge.helpers import TRAINER
-
-    cmd = [sys.executable, str(TRAINER), mode, endpoint, str(out), "--project", project, "--experiment", "grpo",
-           "--run-id", run_id, "--steps", str(steps), "--samples", str(samples)]
-    return subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-
-
-def wait_ok(proc: subprocess.Popen, what: str, timeout: float = 300) -> None:
-    out, _ = proc.communicate(timeout=timeout)
-    assert proc.returncode == 0, f"{what} failed ({proc.returncode}):\n{out.decode(errors='replace')[-4000:]}"
-
-
-def mlflow_snapshot(store: Path, project: str) -> dict:
-    from bridge.test_trackers import _mlflow_snapshot
-
-    try:
-        return _mlflow_snapshot(f"sqlite:///{store}/mlflow.db", project)
-    except AssertionError:  # no experiment yet
-        return {}
-
-
-def wait_for_store(store: Path, project: str, want: dict, timeout: float = 120) -> dict:
-    """The store's snapshot once it equals `want` (or the last one read, at the deadline)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        got = mlflow_snapshot(store, project)
-        if got == want or time.monotonic() > deadline:
-            return got
-        time.sleep(1.0)
 
 
 @pytest.fixture(scope="module")

@@ -399,6 +399,27 @@ def test_two_runs_in_one_process_stay_apart(sqlite_uri, monkeypatch):
     assert runs["run-b"].data.metrics == {"loss": 2.0} and runs["run-b"].data.params == {"lr": "2"}
 
 
+def test_a_redelivered_table_record_is_stored_once(sqlite_uri, monkeypatch):
+    """A Collector's queue delivers at least once: the same generations record twice, in one batch and in a later
+    one, leaves one copy of its rows in the step's table."""
+    from otel_rl.config import resolve
+    from otel_rl.records import Generations, RunIdentity, RunStart
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", sqlite_uri)
+    project = _project("redeliver")
+    exporter = otel_rl_mlflow.MlflowExporter(resolve(project=project))
+    ident, now = RunIdentity(project, "run", "id-redeliver"), time.time_ns()
+    first = Generations(ident, 2, [("q", "a", 1.0), ("q2", "a2", 0.0)], now)
+    other = Generations(ident, 2, [("q3", "a3", 0.5)], now + 1)
+    exporter.export_records([RunStart(ident, {}, 0, now), first, first, other])
+    exporter.export_records([first, other])
+    exporter.shutdown()
+    client = MlflowClient(sqlite_uri)
+    exp = client.get_experiment_by_name(project)
+    table = client.load_table(exp.experiment_id, "val_generations/step_2.json")
+    assert list(zip(table["input"], table["output"])) == [("q", "a"), ("q2", "a2"), ("q3", "a3")]
+
+
 def test_bad_input(sqlite_uri, monkeypatch, caplog):
     """10k keys in one step, unicode and over-long keys, 100 KB prompts, NaN/Inf."""
     monkeypatch.setenv("MLFLOW_TRACKING_URI", sqlite_uri)

@@ -412,8 +412,11 @@ class MlflowExporter(TrackerExporter):
     def _write_generations(self, handle: MlflowRun, generations: list[Generations]) -> None:
         client, _ = self._clients()
         by_step: OrderedDict[int, list[Generations]] = OrderedDict()
+        seen: set[tuple] = set()  # a redelivered record can come in the same batch as the first copy
         for g in generations:
-            if (g.step, g.time_ns, len(g.rows)) not in handle.gen_done:
+            key = (g.step, g.time_ns, len(g.rows))
+            if key not in handle.gen_done and key not in seen:
+                seen.add(key)
                 by_step.setdefault(g.step, []).append(g)
         for step, gens in by_step.items():
             path = GENERATIONS_TABLE.format(step=step)
