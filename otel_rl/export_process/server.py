@@ -166,12 +166,12 @@ class Server:
         Without a collection first: with the trackers' libraries loaded it would look at ~350,000 objects
         (0.3-0.4 s of CPU time, beside the training) to free ~5,000 (the import-time cycles, ~2 MB), which
         instead stay, frozen, for the export process's life."""
-        if self._start_by is None:
-            return
-        if not (stopping or self._runs_open() or time.monotonic() >= self._start_by):
-            return
+        # all under the lock: a caller that comes while another settles returns once that one is done
+        # (a flush's reply must not overtake the priority change)
         with self._settle_lock:
             if self._start_by is None:
+                return
+            if not (stopping or self._runs_open() or time.monotonic() >= self._start_by):
                 return
             self._start_by = None
             for q in self._held:
