@@ -47,9 +47,10 @@ def log_spans(run_id: str, steps, project: str = "p", values=None) -> list[Reada
 
 
 def clean_env(**extra: str) -> dict[str, str]:
-    """The environment without OTEL_/tracker settings or proxies from outside, plus `extra`."""
+    """The environment without OTEL_/tracker settings or proxies from outside, plus `extra` (ClearML
+    marks the process that ran Task.init in its environment: a child would join that task)."""
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("OTEL_", "WANDB_", "SWANLAB_", "MLFLOW_", "VERL_"))
+           if not k.startswith(("OTEL_", "WANDB_", "SWANLAB_", "MLFLOW_", "VERL_", "CLEARML_", "TRAINS_", "TRACKIO_"))
            and k.lower() not in ("http_proxy", "https_proxy", "all_proxy", "grpc_proxy")}
     env.update({"NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost",
                 "MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true", "PYTHONUNBUFFERED": "1"})
