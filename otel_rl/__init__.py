@@ -32,10 +32,15 @@ def log(data: Any, step: Any = None) -> None:
         from ._values import warn_once
 
         if _handle.forked_from is not None:
-            warn_once("log-forked-child", "otel-rl: log() in a forked child process (pid %d, forked from %d, whose "
-                      "otel-rl pipeline does not run in a child): nothing recorded here. Call otel_rl.init() in "
-                      "the child (with the parent's Handle.worker_env() in its environment to join the same run), or "
-                      "log from the parent", os.getpid(), _handle.forked_from)
+            warn_once(
+                "log-forked-child",
+                "otel-rl: log() in a forked child process (pid %d, forked from %d, whose "
+                "otel-rl pipeline does not run in a child): nothing recorded here. Call otel_rl.init() in "
+                "the child (with the parent's Handle.worker_env() in its environment to join the same run), or "
+                "log from the parent",
+                os.getpid(),
+                _handle.forked_from,
+            )
         else:
             warn_once("log-no-init", "otel-rl: log() called before otel_rl.init(); nothing recorded")
         return
@@ -65,7 +70,26 @@ def shutdown() -> None:
 
 
 __all__ = [
-    "Config", "ConfigError", "Exporter", "Handle", "UnknownExporterError", "__version__", "annotate", "current",
-    "current_step", "current_trajectory", "flush", "generate", "init", "log", "log_generations", "op",
-    "select_samples", "shutdown", "step", "timer", "tool", "trajectory",
+    "Config",
+    "ConfigError",
+    "Exporter",
+    "Handle",
+    "UnknownExporterError",
+    "__version__",
+    "annotate",
+    "current",
+    "current_step",
+    "current_trajectory",
+    "flush",
+    "generate",
+    "init",
+    "log",
+    "log_generations",
+    "op",
+    "select_samples",
+    "shutdown",
+    "step",
+    "timer",
+    "tool",
+    "trajectory",
 ]

@@ -7,8 +7,21 @@ from typing import Any
 
 
 class ExporterStats:
-    __slots__ = ("exported", "failed_attempts", "dropped", "retried", "queued", "in_memory", "spooled",
-                 "spool_pending", "spool_bytes", "replayed", "corrupt_frames", "rejected", "shed")
+    __slots__ = (
+        "exported",
+        "failed_attempts",
+        "dropped",
+        "retried",
+        "queued",
+        "in_memory",
+        "spooled",
+        "spool_pending",
+        "spool_bytes",
+        "replayed",
+        "corrupt_frames",
+        "rejected",
+        "shed",
+    )
 
     def __init__(self) -> None:
         self.exported = 0  # items delivered (records + spans)
@@ -32,8 +45,19 @@ class ExporterStats:
 class Entry:
     """One batch: in memory, and on disk too once it has a spool frame."""
 
-    __slots__ = ("spans", "records", "n", "frame", "spans_done", "unspoolable", "t", "parts", "alone", "seq",
-                 "prepared")
+    __slots__ = (
+        "spans",
+        "records",
+        "n",
+        "frame",
+        "spans_done",
+        "unspoolable",
+        "t",
+        "parts",
+        "alone",
+        "seq",
+        "prepared",
+    )
 
     def __init__(self, spans: list, records: list, n: int, frame: Any = None, seq: int = 0):
         self.spans = spans

@@ -51,14 +51,23 @@ class DeliveryQueue:
     remote = False  # see otel_rl.export_process.client.RemoteQueue
     adopted = False  # took over from the export process (Pipeline.adopt)
 
-    def __init__(self, exporter: Any, max_items: int, backoff_max_s: float = 30.0, *,
-                 spool: Any = None, config: Any = None, gather_s: float | None = None):
+    def __init__(
+        self,
+        exporter: Any,
+        max_items: int,
+        backoff_max_s: float = 30.0,
+        *,
+        spool: Any = None,
+        config: Any = None,
+        gather_s: float | None = None,
+    ):
         self.exporter = exporter
         # export_interval_s: an exporter that gathers (trackers, console, JSONL) gets the batches queued within
         # this time of the oldest one in one delivery: fewer calls and transactions, the same data
         if gather_s is None:
-            gather_s = float(getattr(config, "export_interval_s", 0.0) or 0.0) \
-                if getattr(exporter, "gathers", False) else 0.0
+            gather_s = (
+                float(getattr(config, "export_interval_s", 0.0) or 0.0) if getattr(exporter, "gathers", False) else 0.0
+            )
         self._gather_s = max(0.0, gather_s)
         # the exporter's work ahead of a delivery, done while the delivery gathers (Exporter.prepare)
         prepare = getattr(exporter, "prepare", None)
@@ -109,8 +118,9 @@ class DeliveryQueue:
         with self._cond:
             self._mem.append(entry)
             self._mem_items += n
-            spill = self._spool is not None and (self._write_through or self._failing or
-                                                 self._mem_items > self._max_items)
+            spill = self._spool is not None and (
+                self._write_through or self._failing or self._mem_items > self._max_items
+            )
             if not spill:
                 self._drop_overflow()
                 self._refresh()
@@ -162,8 +172,13 @@ class DeliveryQueue:
         if shed:
             self._dropped += shed
             self.stats.shed += shed
-            _log.warning("otel-rl: exporter %r is behind; shed the %d spans of its oldest batches (queue limit %d; "
-                         "records are kept)", self.name, shed, self._max_items)
+            _log.warning(
+                "otel-rl: exporter %r is behind; shed the %d spans of its oldest batches (queue limit %d; "
+                "records are kept)",
+                self.name,
+                shed,
+                self._max_items,
+            )
 
     def wait_room(self, stall_s: float = 10.0) -> None:
         """The pipeline worker, after a `put`: while the memory queue holds more than its bound (records,
@@ -181,9 +196,14 @@ class DeliveryQueue:
                     seen, until = self.stats.exported, now + stall_s
                 elif now >= until:
                     self._stalled_at = seen
-                    warn_once(f"queue-stalled:{self.name}", "otel-rl: exporter %r delivered nothing for %.0f s with "
-                              "%d items queued in memory; its records are kept there", self.name, stall_s,
-                              self._mem_items)
+                    warn_once(
+                        f"queue-stalled:{self.name}",
+                        "otel-rl: exporter %r delivered nothing for %.0f s with "
+                        "%d items queued in memory; its records are kept there",
+                        self.name,
+                        stall_s,
+                        self._mem_items,
+                    )
                     return
                 self._cond.wait(min(0.05, until - now))
 
@@ -254,8 +274,13 @@ class DeliveryQueue:
 
     def _idle(self) -> bool:
         disk = self._disk
-        return (not self._mem and self._current is None and not self._spilling and not self._recovering
-                and not (disk is not None and disk.spool.pending_frames))
+        return (
+            not self._mem
+            and self._current is None
+            and not self._spilling
+            and not self._recovering
+            and not (disk is not None and disk.spool.pending_frames)
+        )
 
     # -- delivery thread ---------------------------------------------------------------------
     def _run(self) -> None:
@@ -274,9 +299,13 @@ class DeliveryQueue:
                     self.exporter.export_records(e.records)
             except Exception as exc:  # the exporter failed: keep the batch, back off, retry
                 self.stats.failed_attempts += 1
-                warn_once(f"export-fail:{self.name}:{type(exc).__name__}",
-                          "otel-rl: exporter %r failed (%s: %s); the batch is kept and retried",
-                          self.name, type(exc).__name__, exc)
+                warn_once(
+                    f"export-fail:{self.name}:{type(exc).__name__}",
+                    "otel-rl: exporter %r failed (%s: %s); the batch is kept and retried",
+                    self.name,
+                    type(exc).__name__,
+                    exc,
+                )
                 poison = is_data_error(exc)
                 poison_attempts = poison_attempts + 1 if poison else 0
                 if poison_attempts >= POISON_MAX_ATTEMPTS and e.parts and e.frame is None:
@@ -286,8 +315,14 @@ class DeliveryQueue:
                     continue
                 if poison_attempts >= POISON_MAX_ATTEMPTS:
                     # the same data error every time: this batch will never go through
-                    _log.error("otel-rl: exporter %r rejected a batch %d times (%s: %s); dropped its %d items",
-                               self.name, poison_attempts, type(exc).__name__, exc, e.n)
+                    _log.error(
+                        "otel-rl: exporter %r rejected a batch %d times (%s: %s); dropped its %d items",
+                        self.name,
+                        poison_attempts,
+                        type(exc).__name__,
+                        exc,
+                        e.n,
+                    )
                     self._finish(e, delivered=False)
                     poison_attempts = attempt = 0
                     continue
@@ -405,8 +440,13 @@ class DeliveryQueue:
     def _gather_left(self) -> float:
         """Seconds the delivery thread waits for more batches before the memory queue's oldest goes
         out (0: now).  Under _cond, with batches in memory."""
-        if (self._gather_s <= 0 or self._stop or self._flushing or self._mem_items >= _GATHER_MAX_ITEMS
-                or self._mem[0].alone):
+        if (
+            self._gather_s <= 0
+            or self._stop
+            or self._flushing
+            or self._mem_items >= _GATHER_MAX_ITEMS
+            or self._mem[0].alone
+        ):
             return 0.0
         return self._mem[0].t + self._gather_s - time.monotonic()
 

@@ -20,8 +20,9 @@ from typing import Any, NoReturn
 from .exporters.tracker import on_uncaught_exception, run_failure
 
 
-def quick_exit(code: int, join_timeout_s: float | None = None,
-               before_exit: Callable[[], None] | None = None) -> NoReturn:
+def quick_exit(
+    code: int, join_timeout_s: float | None = None, before_exit: Callable[[], None] | None = None
+) -> NoReturn:
     """Exit with `code` as a normal exit would, less the interpreter's teardown of its modules and
     objects (torch's alone takes ~0.4 s, MLflow's, wandb's and SwanLab's together over a second): the
     ``atexit`` handlers run (files and temporary directories left to them are closed and removed), stdout
@@ -66,6 +67,7 @@ def _call_quietly(fn: Callable[[], None]) -> None:
 
 
 # -- how the process ends -----------------------------------------------------------------------------
+
 
 @dataclasses.dataclass(frozen=True)
 class Outcome:
@@ -175,8 +177,9 @@ def outcome_of(tp: Any, value: Any, tb: Any) -> Outcome | None:
         n = 0 if code is None else code if isinstance(code, int) else 1
         return Outcome("crashed", n, f"sys.exit({code!r})") if n else None
     aborted = isinstance(tp, type) and issubclass(tp, KeyboardInterrupt)
-    return Outcome("aborted" if aborted else "crashed", 255 if aborted else 1,
-                   "".join(traceback.format_exception(tp, value, tb)))
+    return Outcome(
+        "aborted" if aborted else "crashed", 255 if aborted else 1, "".join(traceback.format_exception(tp, value, tb))
+    )
 
 
 def tell_outcome(exporter: Any, o: Outcome) -> None:

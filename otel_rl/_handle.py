@@ -18,23 +18,22 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-from . import _exit
+from . import _exit, _runtime
 from . import semconv as sc
 from ._instruments import Instruments, views
-from ._lightspan import LightTracer, TimeOrderedIds
 from ._items import GenerationsItem, LogItem
+from ._lightspan import LightTracer, TimeOrderedIds
 from ._pipeline import Pipeline, make_span_processor
 from ._processors import OtherProcessors, OwnProvider, global_sdk_providers
-from . import _runtime
 from ._runtime import STEP, Runtime
 from ._values import coerce_metrics, warn_once
 from .config import Config, resolve
 from .export_process.client import ExportProcessClient
 from .export_process.protocol import IN_EXPORT_PROCESS as _IN_EXPORT_PROCESS
-from .redact import scrub_secrets
 from .exporters import registry
 from .exporters.base import Exporter
 from .instrument import _open_traced, end_open_trajectories
+from .redact import scrub_secrets
 from .sampling import Sampler
 from .serialize import to_json
 from .spool.replay import note_run_end
@@ -50,8 +49,13 @@ _init_lock = threading.Lock()
 class Handle:
     """A running otel-rl pipeline.  Use as a context manager or call `shutdown()`."""
 
-    def __init__(self, config: Config, exporters: list[Any], tokenizer: Any = None,
-                 global_providers: tuple[Any, Any] = (None, None)):
+    def __init__(
+        self,
+        config: Config,
+        exporters: list[Any],
+        tokenizer: Any = None,
+        global_providers: tuple[Any, Any] = (None, None),
+    ):
         self.config = config
         remote_specs = [x[1:] for x in exporters if isinstance(x, tuple)]
         self._export_process: ExportProcessClient | None = None
@@ -71,18 +75,30 @@ class Handle:
         self._lock = threading.Lock()
         self._last_step = 0
         cfg = config
-        tracing = bool(not cfg.disabled and (cfg.tracing if cfg.tracing is not None else
-                                             any(e.wants_spans or e.wants_trajectories for e in exporters)))
+        tracing = bool(
+            not cfg.disabled
+            and (
+                cfg.tracing
+                if cfg.tracing is not None
+                else any(e.wants_spans or e.wants_trajectories for e in exporters)
+            )
+        )
         attrs: dict[str, Any] = dict(cfg.resource_attributes)
-        attrs.update({
-            sc.SERVICE_NAME: cfg.service_name,
+        attrs.update(
+            {
+                sc.SERVICE_NAME: cfg.service_name,
+                sc.RL_PROJECT_NAME: cfg.project,
+                sc.RL_EXPERIMENT_NAME: cfg.experiment,
+                sc.RL_RUN_ID: cfg.run_id,
+                sc.RL_WORKER_RANK: cfg.rank,
+            }
+        )
+        self.resource = Resource.create(attrs)
+        self.identity = {
             sc.RL_PROJECT_NAME: cfg.project,
             sc.RL_EXPERIMENT_NAME: cfg.experiment,
             sc.RL_RUN_ID: cfg.run_id,
-            sc.RL_WORKER_RANK: cfg.rank,
-        })
-        self.resource = Resource.create(attrs)
-        self.identity = {sc.RL_PROJECT_NAME: cfg.project, sc.RL_EXPERIMENT_NAME: cfg.experiment, sc.RL_RUN_ID: cfg.run_id}
+        }
         readers = [r for e in exporters for r in e.metric_readers()]
         self.meter_provider = MeterProvider(resource=self.resource, metric_readers=readers, views=views())
         scope = InstrumentationScope("otel_rl", __version__)
@@ -94,16 +110,25 @@ class Handle:
         if glob_mp is not None:
             meters.append(glob_mp.get_meter("otel_rl", __version__))
         instruments = Instruments.on(meters, self.identity, lambda: self._pipeline.queues if self._pipeline else [])
-        self._pipeline = Pipeline(cfg, self.resource, [e for e in exporters if not getattr(e, "remote", False)],
-                                  instruments, scope, remote=self._export_process, others=self.others)
-        self.tracer_provider = OwnProvider(self.others, self._update_tracing, resource=self.resource,
-                                           id_generator=TimeOrderedIds())
+        self._pipeline = Pipeline(
+            cfg,
+            self.resource,
+            [e for e in exporters if not getattr(e, "remote", False)],
+            instruments,
+            scope,
+            remote=self._export_process,
+            others=self.others,
+        )
+        self.tracer_provider = OwnProvider(
+            self.others, self._update_tracing, resource=self.resource, id_generator=TimeOrderedIds()
+        )
         TracerProvider.add_span_processor(self.tracer_provider, make_span_processor(self._pipeline, self.others))
         self.tracer = self.tracer_provider.get_tracer("otel_rl", __version__)
         # step, timer, trajectory and op spans: light spans ending into the pipeline, which materialises
         # them off the training thread (also for the span processors outside otel-rl: _processors)
-        self.light = LightTracer(self._pipeline.submit, self.resource, scope, self.others,
-                                 max_chars=cfg.max_value_chars)
+        self.light = LightTracer(
+            self._pipeline.submit, self.resource, scope, self.others, max_chars=cfg.max_value_chars
+        )
         if self.others.active and not cfg.disabled and cfg.tracing is None:
             tracing = True
         self.sampler = Sampler(cfg.run_id, cfg.max_samples)
@@ -114,8 +139,7 @@ class Handle:
 
     def _update_record_targets(self) -> None:
         only = self._trace_only & {e.name for e in self.exporters}
-        self._record_targets = (frozenset(e.name for e in self.exporters if e.name not in only)
-                                if only else None)
+        self._record_targets = frozenset(e.name for e in self.exporters if e.name not in only) if only else None
 
     def _export_process_died(self, client: ExportProcessClient, unsettled: list) -> None:
         """The export process ended unexpectedly: its exporters continue here, in-process, and get
@@ -140,8 +164,12 @@ class Handle:
     def worker_env(self) -> dict[str, str]:
         """Environment for worker processes so they join this run (same run id, own rank)."""
         c = self.config
-        env = {sc.ENV_RUN_ID: c.run_id, "OTEL_RL_PROJECT": c.project, "OTEL_RL_EXPERIMENT": c.experiment,
-               "OTEL_RL_EXPORTERS": ",".join(c.exporters)}
+        env = {
+            sc.ENV_RUN_ID: c.run_id,
+            "OTEL_RL_PROJECT": c.project,
+            "OTEL_RL_EXPERIMENT": c.experiment,
+            "OTEL_RL_EXPORTERS": ",".join(c.exporters),
+        }
         if c.trace_backend:
             env["OTEL_RL_TRACE_BACKEND"] = c.trace_backend
         if c.max_samples is not None:
@@ -182,15 +210,27 @@ class Handle:
             return
         for k in skipped:
             v = data.get(k) if hasattr(data, "get") else None
-            warn_once(f"skip:{k}", "otel-rl: metric %r has a non-scalar value of type %s; skipped "
-                      "(log numbers, numpy scalars or 0-d tensors)", k, type(v).__name__)
+            warn_once(
+                f"skip:{k}",
+                "otel-rl: metric %r has a non-scalar value of type %s; skipped "
+                "(log numbers, numpy scalars or 0-d tensors)",
+                k,
+                type(v).__name__,
+            )
         if not values and skipped:
             return  # every value was skipped (warned): nothing to record
         # an empty call is recorded: verl prints ``step:N`` and writes ``{"step":N,"data":{}}`` for it
         if exporters is None:
             exporters = self._record_targets
-        self._pipeline.submit(LogItem(n, values, time.time_ns(), st.span_context if st is not None else None,
-                                      None if exporters is None else frozenset(exporters)))
+        self._pipeline.submit(
+            LogItem(
+                n,
+                values,
+                time.time_ns(),
+                st.span_context if st is not None else None,
+                None if exporters is None else frozenset(exporters),
+            )
+        )
 
     def _coerce_step(self, step: Any, st: Any) -> int | None:
         if step is None:
@@ -206,18 +246,31 @@ class Handle:
                     raise ValueError
             except (TypeError, ValueError, OverflowError, UnicodeDecodeError):  # OverflowError: step=inf
                 fallback = st.n if st is not None else self._last_step
-                warn_once(f"bad-step:{type(step).__name__}", "otel-rl: step %r is not an integer; using step %d",
-                          step, fallback)
+                warn_once(
+                    f"bad-step:{type(step).__name__}",
+                    "otel-rl: step %r is not an integer; using step %d",
+                    step,
+                    fallback,
+                )
                 n = fallback
         if not -_STEP_LIMIT <= n < _STEP_LIMIT:  # what every tracker stores a step as: a signed 64-bit int
-            warn_once(f"step-range:{n}", "otel-rl: step %d is outside the signed 64-bit range trackers store; "
-                      "nothing recorded at it", n)
+            warn_once(
+                f"step-range:{n}",
+                "otel-rl: step %d is outside the signed 64-bit range trackers store; nothing recorded at it",
+                n,
+            )
             return None
         self._last_step = n
         return n
 
-    def log_generations(self, samples: Iterable[Sequence[Any]], step: Any = None, limit: int | None = None, *,
-                        exporters: Iterable[str] | None = None) -> None:
+    def log_generations(
+        self,
+        samples: Iterable[Sequence[Any]],
+        step: Any = None,
+        limit: int | None = None,
+        *,
+        exporters: Iterable[str] | None = None,
+    ) -> None:
         """Validation generations: rows of (input, output, score) as verl builds them.
 
         `exporters` (names) restricts them to those exporters."""
@@ -245,8 +298,9 @@ class Handle:
         if exporters is None:
             exporters = self._record_targets
         if rows:
-            self._pipeline.submit(GenerationsItem(n, rows, time.time_ns(),
-                                                  None if exporters is None else frozenset(exporters)))
+            self._pipeline.submit(
+                GenerationsItem(n, rows, time.time_ns(), None if exporters is None else frozenset(exporters))
+            )
 
     # -- changing a running pipeline ---------------------------------------------------------
     def add_exporter(self, exporter: str | Exporter, *, trace_only: bool = False) -> Exporter:
@@ -272,8 +326,12 @@ class Handle:
             elif not exporter.name:
                 exporter.name = type(exporter).__name__
             if exporter.metric_readers():
-                warn_once(f"late-readers:{exporter.name}", "otel-rl: exporter %r added to a running pipeline gets "
-                          "no OpenTelemetry metrics (give it to init() for those)", exporter.name)
+                warn_once(
+                    f"late-readers:{exporter.name}",
+                    "otel-rl: exporter %r added to a running pipeline gets "
+                    "no OpenTelemetry metrics (give it to init() for those)",
+                    exporter.name,
+                )
             self.exporters = self.exporters + [exporter]
             if trace_only:
                 self._trace_only.add(exporter.name)
@@ -282,8 +340,9 @@ class Handle:
             self._update_tracing()
         return exporter
 
-    def set_trace_settings(self, trace_backend: str | None = None, token2text: bool | None = None,
-                           max_samples: int | None = None) -> None:
+    def set_trace_settings(
+        self, trace_backend: str | None = None, token2text: bool | None = None, max_samples: int | None = None
+    ) -> None:
         """Change the rollout-trace settings of a running pipeline (None: unchanged).
 
         `trace_backend` names the exporter that receives trajectories: it is added when
@@ -335,11 +394,13 @@ class Handle:
     def stats(self) -> dict[str, Any]:
         p = self._pipeline
         ovf = p._overflow if p else None
-        return {"pipeline_dropped": p.dropped if p else 0,
-                "shed": dict(p.shed) if p else {},  # spans dropped by a full queue, per kind (records never are)
-                "records_spilled": ovf.spilled if ovf is not None else 0,  # records beyond queue_size, via disk
-                "records_waited": p.waited if p else 0,  # log() calls that waited for room
-                "exporters": {q.name: q.stats.as_dict() for q in (p.queues if p else [])}}
+        return {
+            "pipeline_dropped": p.dropped if p else 0,
+            "shed": dict(p.shed) if p else {},  # spans dropped by a full queue, per kind (records never are)
+            "records_spilled": ovf.spilled if ovf is not None else 0,  # records beyond queue_size, via disk
+            "records_waited": p.waited if p else 0,  # log() calls that waited for room
+            "exporters": {q.name: q.stats.as_dict() for q in (p.queues if p else [])},
+        }
 
     def flush(self, timeout_s: float = 30.0) -> bool:
         if self._closed:
@@ -400,8 +461,10 @@ class Handle:
                 note_run_end(q, outcome)
         # each exporter flushes and ends its run on its own thread, all within what is left of the budget:
         # a tracker whose server is down or hung costs the budget, not its own timeouts one after another
-        threads = [threading.Thread(target=_end_exporter, args=(e, deadline), name=f"otel-rl-end-{e.name}",
-                                    daemon=True) for e in local]
+        threads = [
+            threading.Thread(target=_end_exporter, args=(e, deadline), name=f"otel-rl-end-{e.name}", daemon=True)
+            for e in local
+        ]
         for t in threads:
             t.start()
         try:
@@ -410,10 +473,14 @@ class Handle:
             pass
         for t in threads:
             t.join(max(0.05, deadline - time.monotonic()))
-        left = [t.name[len("otel-rl-end-"):] for t in threads if t.is_alive()]
+        left = [t.name[len("otel-rl-end-") :] for t in threads if t.is_alive()]
         if left:
-            _log.warning("otel-rl: exporter(s) %s still ending their runs after the shutdown budget of %.1f s "
-                         "(shutdown_timeout_s); left to finish in the background", ", ".join(left), timeout_s)
+            _log.warning(
+                "otel-rl: exporter(s) %s still ending their runs after the shutdown budget of %.1f s "
+                "(shutdown_timeout_s); left to finish in the background",
+                ", ".join(left),
+                timeout_s,
+            )
         try:
             self.tracer_provider.shutdown()
         except Exception:
@@ -472,8 +539,12 @@ def _build_exporters(cfg: Config, given: Sequence[Exporter]) -> list[Any]:
             try:
                 registry.out_of_process_class(canonical)
             except registry.UnknownExporterError as exc:
-                warn_once(f"trace-backend:{name}", "otel-rl: rollout trace backend %r cannot be used (%s); "
-                          "training goes on without rollout traces", name, exc)
+                warn_once(
+                    f"trace-backend:{name}",
+                    "otel-rl: rollout trace backend %r cannot be used (%s); training goes on without rollout traces",
+                    name,
+                    exc,
+                )
                 cfg.trace_backend = None
                 continue
         cls = registry.out_of_process_class(canonical) if mode != "false" else None
@@ -514,8 +585,10 @@ def _maybe_set_global(cfg: Config) -> None:
         return
     if isinstance(current, trace_api.ProxyTracerProvider) or cfg.set_global_provider:
         if not isinstance(current, trace_api.ProxyTracerProvider):
-            _log.warning("otel-rl: a global TracerProvider is already set; otel-rl keeps its own provider "
-                         "(and feeds the global one's span processors unless feed_global_provider=false)")
+            _log.warning(
+                "otel-rl: a global TracerProvider is already set; otel-rl keeps its own provider "
+                "(and feeds the global one's span processors unless feed_global_provider=false)"
+            )
             return
         trace_api.set_tracer_provider(_forwarding)
 
@@ -524,8 +597,14 @@ def _maybe_set_global(cfg: Config) -> None:
 joining: list[Any] = []
 
 
-def init(config: Any = None, *, overrides: Sequence[str] | None = None, tokenizer: Any = None,
-         exporters: Any = None, **kwargs: Any) -> Handle:
+def init(
+    config: Any = None,
+    *,
+    overrides: Sequence[str] | None = None,
+    tokenizer: Any = None,
+    exporters: Any = None,
+    **kwargs: Any,
+) -> Handle:
     """Start otel-rl.  Precedence: keyword arguments > `config` (+ `overrides`) > environment > defaults.
 
     `config` is a verl-shaped dict / DictConfig or a list of dotlist overrides.
@@ -549,8 +628,9 @@ def init(config: Any = None, *, overrides: Sequence[str] | None = None, tokenize
     given += [cap.joining() for cap in joining if cap not in given]
     # the user's own OpenTelemetry pipeline: a global SDK provider set before init(), not one that a
     # tracker library sets while its exporter starts (_processors); never in the export process
-    global_providers = (global_sdk_providers(registry.REQUIRES.values())
-                        if os.environ.get(_IN_EXPORT_PROCESS) != "1" else (None, None))
+    global_providers = (
+        global_sdk_providers(registry.REQUIRES.values()) if os.environ.get(_IN_EXPORT_PROCESS) != "1" else (None, None)
+    )
     built = _build_exporters(cfg, given)  # raises for unknown names before anything starts
     with _init_lock:
         previous = _runtime.active.handle

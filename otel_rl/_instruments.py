@@ -34,12 +34,17 @@ def instrument_name(key: str) -> str:
 
 def views() -> list[View]:
     return [
-        View(instrument_name=sc.METRIC_TRAJECTORY_DURATION,
-             aggregation=ExplicitBucketHistogramAggregation(SECONDS_BUCKETS)),
-        View(instrument_name=sc.METRIC_GEN_AI_OPERATION_DURATION,
-             aggregation=ExplicitBucketHistogramAggregation(SECONDS_BUCKETS)),
-        View(instrument_name=sc.METRIC_GEN_AI_TOKEN_USAGE,
-             aggregation=ExplicitBucketHistogramAggregation(TOKEN_BUCKETS)),
+        View(
+            instrument_name=sc.METRIC_TRAJECTORY_DURATION,
+            aggregation=ExplicitBucketHistogramAggregation(SECONDS_BUCKETS),
+        ),
+        View(
+            instrument_name=sc.METRIC_GEN_AI_OPERATION_DURATION,
+            aggregation=ExplicitBucketHistogramAggregation(SECONDS_BUCKETS),
+        ),
+        View(
+            instrument_name=sc.METRIC_GEN_AI_TOKEN_USAGE, aggregation=ExplicitBucketHistogramAggregation(TOKEN_BUCKETS)
+        ),
     ]
 
 
@@ -57,50 +62,82 @@ class Instruments:
         self.meter = meter
         self.identity = identity
         self._gauges: dict[str, Any] = {}
-        self._traj_duration = meter.create_histogram(sc.METRIC_TRAJECTORY_DURATION, unit="s",
-                                                     description="Wall time of one trajectory (rollout)")
-        self._traj_count = meter.create_counter(sc.METRIC_TRAJECTORIES, unit="{trajectory}",
-                                                description="Trajectories finished")
+        self._traj_duration = meter.create_histogram(
+            sc.METRIC_TRAJECTORY_DURATION, unit="s", description="Wall time of one trajectory (rollout)"
+        )
+        self._traj_count = meter.create_counter(
+            sc.METRIC_TRAJECTORIES, unit="{trajectory}", description="Trajectories finished"
+        )
         self._tool_calls = meter.create_counter(sc.METRIC_TOOL_CALLS, unit="{call}", description="Tool calls (traced)")
-        self._tool_errors = meter.create_counter(sc.METRIC_TOOL_ERRORS, unit="{call}",
-                                                 description="Tool calls that raised (traced)")
-        self._tokens = meter.create_histogram(sc.METRIC_GEN_AI_TOKEN_USAGE, unit="{token}",
-                                              description="Tokens per generation (traced)")
-        self._gen_duration = meter.create_histogram(sc.METRIC_GEN_AI_OPERATION_DURATION, unit="s",
-                                                    description="Generation wall time (traced)")
+        self._tool_errors = meter.create_counter(
+            sc.METRIC_TOOL_ERRORS, unit="{call}", description="Tool calls that raised (traced)"
+        )
+        self._tokens = meter.create_histogram(
+            sc.METRIC_GEN_AI_TOKEN_USAGE, unit="{token}", description="Tokens per generation (traced)"
+        )
+        self._gen_duration = meter.create_histogram(
+            sc.METRIC_GEN_AI_OPERATION_DURATION, unit="s", description="Generation wall time (traced)"
+        )
         self._queues_getter = queues_getter
         self.pipeline: Any = None  # set by the Pipeline these instruments belong to
-        meter.create_observable_counter(sc.METRIC_EXPORT_ITEMS, callbacks=[self._observe_items], unit="{item}",
-                                        description="Items handled by each exporter, by outcome")
-        meter.create_observable_gauge(sc.METRIC_EXPORT_QUEUED, callbacks=[self._observe_queued], unit="{item}",
-                                      description="Items waiting in each exporter's queue")
-        meter.create_observable_gauge(sc.METRIC_EXPORT_SPOOL_BYTES, callbacks=[self._observe_spool_bytes], unit="By",
-                                      description="Bytes of each exporter's on-disk spool")
+        meter.create_observable_counter(
+            sc.METRIC_EXPORT_ITEMS,
+            callbacks=[self._observe_items],
+            unit="{item}",
+            description="Items handled by each exporter, by outcome",
+        )
+        meter.create_observable_gauge(
+            sc.METRIC_EXPORT_QUEUED,
+            callbacks=[self._observe_queued],
+            unit="{item}",
+            description="Items waiting in each exporter's queue",
+        )
+        meter.create_observable_gauge(
+            sc.METRIC_EXPORT_SPOOL_BYTES,
+            callbacks=[self._observe_spool_bytes],
+            unit="By",
+            description="Bytes of each exporter's on-disk spool",
+        )
 
     def _observe_items(self, options: CallbackOptions) -> list[Observation]:
         out = []
         for q in self._queues_getter():
-            for outcome, value in (("exported", q.stats.exported), ("failed", q.stats.failed_attempts),
-                                   ("dropped", q.stats.dropped), ("retried", q.stats.retried),
-                                   ("spooled", q.stats.spooled), ("rejected", q.stats.rejected),
-                                   ("shed", q.stats.shed)):
+            for outcome, value in (
+                ("exported", q.stats.exported),
+                ("failed", q.stats.failed_attempts),
+                ("dropped", q.stats.dropped),
+                ("retried", q.stats.retried),
+                ("spooled", q.stats.spooled),
+                ("rejected", q.stats.rejected),
+                ("shed", q.stats.shed),
+            ):
                 out.append(Observation(value, {sc.EXPORTER: q.name, sc.OUTCOME: outcome, **self.identity}))
         p = self.pipeline
         if p is not None:  # the pipeline's queue, before the exporters': spans shed per kind, records spilled
             for kind, value in list(p.shed.items()):
-                out.append(Observation(value, {sc.EXPORTER: sc.PIPELINE, sc.OUTCOME: "shed", sc.RL_SPAN_KIND: kind,
-                                               **self.identity}))
+                out.append(
+                    Observation(
+                        value, {sc.EXPORTER: sc.PIPELINE, sc.OUTCOME: "shed", sc.RL_SPAN_KIND: kind, **self.identity}
+                    )
+                )
             ovf = p._overflow
-            out.append(Observation(ovf.spilled if ovf is not None else 0,
-                                   {sc.EXPORTER: sc.PIPELINE, sc.OUTCOME: "spilled", **self.identity}))
+            out.append(
+                Observation(
+                    ovf.spilled if ovf is not None else 0,
+                    {sc.EXPORTER: sc.PIPELINE, sc.OUTCOME: "spilled", **self.identity},
+                )
+            )
         return out
 
     def _observe_queued(self, options: CallbackOptions) -> list[Observation]:
         return [Observation(q.stats.queued, {sc.EXPORTER: q.name, **self.identity}) for q in self._queues_getter()]
 
     def _observe_spool_bytes(self, options: CallbackOptions) -> list[Observation]:
-        return [Observation(q.stats.spool_bytes, {sc.EXPORTER: q.name, **self.identity})
-                for q in self._queues_getter() if getattr(q, "spool", None) is not None]
+        return [
+            Observation(q.stats.spool_bytes, {sc.EXPORTER: q.name, **self.identity})
+            for q in self._queues_getter()
+            if getattr(q, "spool", None) is not None
+        ]
 
     def _gauge(self, key: str) -> Any:
         g = self._gauges.get(key)
@@ -144,7 +181,7 @@ class Instruments:
                 tool_name = a.get(sc.GEN_AI_TOOL_NAME)
                 if not tool_name:  # a failed op of an unsampled trajectory is re-emitted with its kind only
                     prefix = sc.GEN_AI_OP_EXECUTE_TOOL + " "
-                    tool_name = span.name[len(prefix):] if (span.name or "").startswith(prefix) else ""
+                    tool_name = span.name[len(prefix) :] if (span.name or "").startswith(prefix) else ""
                 attrs = {sc.GEN_AI_TOOL_NAME: tool_name, **ident}
                 self._tool_calls.add(1, attrs)
                 if span.status.status_code.name == "ERROR":

@@ -17,12 +17,14 @@ from opentelemetry.trace import SpanContext
 
 from . import semconv as sc
 
+
 class LogItem:
     # only: names of the exporters this item goes to (None: all of them)
     __slots__ = ("step", "values", "time_ns", "parent", "only")
 
-    def __init__(self, step: int, values: dict, time_ns: int, parent: SpanContext | None,
-                 only: frozenset[str] | None = None):
+    def __init__(
+        self, step: int, values: dict, time_ns: int, parent: SpanContext | None, only: frozenset[str] | None = None
+    ):
         self.step = step
         self.values = values
         self.time_ns = time_ns
@@ -90,18 +92,28 @@ def log_span(item: LogItem, context: SpanContext, resource: Any, scope: Any) -> 
         elif t is bool:
             bk.append(k)
             bv.append(v)
-    attrs: dict[str, Any] = {sc.RL_STEP: item.step, sc.RL_SPAN_KIND: sc.KIND_METRICS,
-                             sc.RL_METRICS_KEYS: keys,
-                             sc.RL_METRICS_VALUES: tuple(_as_double(v) for v in item.values.values())}
+    attrs: dict[str, Any] = {
+        sc.RL_STEP: item.step,
+        sc.RL_SPAN_KIND: sc.KIND_METRICS,
+        sc.RL_METRICS_KEYS: keys,
+        sc.RL_METRICS_VALUES: tuple(_as_double(v) for v in item.values.values()),
+    }
     if ik:
         attrs[sc.RL_METRICS_INT_KEYS] = tuple(ik)
         attrs[sc.RL_METRICS_INT_VALUES] = tuple(iv)
     if bk:
         attrs[sc.RL_METRICS_BOOL_KEYS] = tuple(bk)
         attrs[sc.RL_METRICS_BOOL_VALUES] = tuple(bv)
-    return ReadableSpan(sc.SPAN_LOG, context=context, parent=item.parent,
-                        resource=resource, attributes=attrs, start_time=item.time_ns,
-                        end_time=item.time_ns, instrumentation_scope=scope)
+    return ReadableSpan(
+        sc.SPAN_LOG,
+        context=context,
+        parent=item.parent,
+        resource=resource,
+        attributes=attrs,
+        start_time=item.time_ns,
+        end_time=item.time_ns,
+        instrumentation_scope=scope,
+    )
 
 
 def generations_span(item: GenerationsItem, context: SpanContext, resource: Any, scope: Any) -> ReadableSpan:
@@ -113,9 +125,15 @@ def generations_span(item: GenerationsItem, context: SpanContext, resource: Any,
         sc.RL_GENERATIONS_OUTPUTS: tuple(r[1] for r in item.rows),
         sc.RL_GENERATIONS_SCORES: tuple(r[2] for r in item.rows),
     }
-    return ReadableSpan(sc.SPAN_GENERATIONS, context=context, resource=resource,
-                        attributes=attrs, start_time=item.time_ns, end_time=item.time_ns,
-                        instrumentation_scope=scope)
+    return ReadableSpan(
+        sc.SPAN_GENERATIONS,
+        context=context,
+        resource=resource,
+        attributes=attrs,
+        start_time=item.time_ns,
+        end_time=item.time_ns,
+        instrumentation_scope=scope,
+    )
 
 
 def _as_double(v: Any) -> float:

@@ -103,8 +103,14 @@ def _make_context_factory() -> tuple[Callable[[int, int], SpanContext], bool]:
 
     try:
         a, b = fast(0xABC, 0xDEF), slow(0xABC, 0xDEF)
-        same = (a == b and (a.trace_id, a.span_id, a.is_remote, a.trace_flags, a.trace_state, a.is_valid)
-                == (b.trace_id, b.span_id, b.is_remote, b.trace_flags, b.trace_state, b.is_valid))
+        same = a == b and (a.trace_id, a.span_id, a.is_remote, a.trace_flags, a.trace_state, a.is_valid) == (
+            b.trace_id,
+            b.span_id,
+            b.is_remote,
+            b.trace_flags,
+            b.trace_state,
+            b.is_valid,
+        )
     except Exception:  # pragma: no cover
         same = False
     return (fast, True) if same else (slow, False)
@@ -118,11 +124,29 @@ _new_context, CONTEXT_IS_TUPLE = _make_context_factory()
 class LightSpan(trace_api.Span):
     """A recording span that becomes a `ReadableSpan` when it ends (see module doc)."""
 
-    __slots__ = ("_name", "_context", "_parent", "_attributes", "_events", "_links", "_status", "_start",
-                 "_end", "_tracer")
+    __slots__ = (
+        "_name",
+        "_context",
+        "_parent",
+        "_attributes",
+        "_events",
+        "_links",
+        "_status",
+        "_start",
+        "_end",
+        "_tracer",
+    )
 
-    def __init__(self, name: str, context: SpanContext, parent: SpanContext | None, attributes: dict[str, Any],
-                 links: Sequence[Link] | None, start: int, tracer: LightTracer):
+    def __init__(
+        self,
+        name: str,
+        context: SpanContext,
+        parent: SpanContext | None,
+        attributes: dict[str, Any],
+        links: Sequence[Link] | None,
+        start: int,
+        tracer: LightTracer,
+    ):
         self._name = name
         self._context = context
         self._parent = parent
@@ -152,8 +176,12 @@ class LightSpan(trace_api.Span):
             return
         attrs = self._attributes
         if key not in attrs and tracer.max_attributes is not None and len(attrs) >= tracer.max_attributes:
-            warn_once("span-attribute-limit", "otel-rl: span attribute %r dropped: the span holds %d attributes "
-                      "(OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT)", key, len(attrs))
+            warn_once(
+                "span-attribute-limit",
+                "otel-rl: span attribute %r dropped: the span holds %d attributes (OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT)",
+                key,
+                len(attrs),
+            )
             return
         attrs[key] = v
 
@@ -161,8 +189,7 @@ class LightSpan(trace_api.Span):
         for k, v in attributes.items():
             self.set_attribute(k, v)
 
-    def add_event(self, name: str, attributes: Mapping[str, Any] | None = None,
-                  timestamp: int | None = None) -> None:
+    def add_event(self, name: str, attributes: Mapping[str, Any] | None = None, timestamp: int | None = None) -> None:
         if self._end is not None:
             return
         clean = {}
@@ -196,8 +223,13 @@ class LightSpan(trace_api.Span):
         elif isinstance(status, StatusCode) and status is not StatusCode.UNSET:
             self._status = Status(status, description)
 
-    def record_exception(self, exception: BaseException, attributes: Mapping[str, Any] | None = None,
-                         timestamp: int | None = None, escaped: bool = False) -> None:
+    def record_exception(
+        self,
+        exception: BaseException,
+        attributes: Mapping[str, Any] | None = None,
+        timestamp: int | None = None,
+        escaped: bool = False,
+    ) -> None:
         # the event the SDK records (OpenTelemetry's exception semantic conventions)
         module = type(exception).__module__
         qualname = type(exception).__qualname__
@@ -231,10 +263,19 @@ class LightSpan(trace_api.Span):
         """This (ended) span as the SDK's `ReadableSpan` (an op's deferred inputs and output made into
         JSON text of at most `max_chars`, `serialize.materialize`)."""
         return ReadableSpan(
-            name=self._name, context=self._context, parent=self._parent, resource=self._tracer.resource,
-            attributes=materialize(self._attributes, max_chars), events=tuple(self._events) if self._events else (),
-            links=tuple(self._links) if self._links else (), kind=_INTERNAL, status=self._status,
-            start_time=self._start, end_time=self._end, instrumentation_scope=self._tracer.scope)
+            name=self._name,
+            context=self._context,
+            parent=self._parent,
+            resource=self._tracer.resource,
+            attributes=materialize(self._attributes, max_chars),
+            events=tuple(self._events) if self._events else (),
+            links=tuple(self._links) if self._links else (),
+            kind=_INTERNAL,
+            status=self._status,
+            start_time=self._start,
+            end_time=self._end,
+            instrumentation_scope=self._tracer.scope,
+        )
 
     def __repr__(self) -> str:
         return f"LightSpan({self._name!r}, span_id={self._context.span_id:016x})"
@@ -248,8 +289,15 @@ class LightTracer:
 
     __slots__ = ("submit", "resource", "scope", "others", "max_chars", "max_length", "max_attributes")
 
-    def __init__(self, submit: Callable[[Any], None], resource: Any, scope: Any, others: Any = None,
-                 max_chars: int = DEFAULT_MAX_CHARS, limits: SpanLimits | None = None):
+    def __init__(
+        self,
+        submit: Callable[[Any], None],
+        resource: Any,
+        scope: Any,
+        others: Any = None,
+        max_chars: int = DEFAULT_MAX_CHARS,
+        limits: SpanLimits | None = None,
+    ):
         self.submit = submit
         self.resource = resource
         self.scope = scope
@@ -259,8 +307,14 @@ class LightTracer:
         self.max_length = limits.max_span_attribute_length
         self.max_attributes = limits.max_span_attributes
 
-    def start(self, name: str, parent: SpanContext | None, attributes: dict[str, Any],
-              links: Sequence[Link] | None = None, start_time: int | None = None) -> LightSpan:
+    def start(
+        self,
+        name: str,
+        parent: SpanContext | None,
+        attributes: dict[str, Any],
+        links: Sequence[Link] | None = None,
+        start_time: int | None = None,
+    ) -> LightSpan:
         """A span under `parent` (same trace), or the root of a new trace when `parent` is None."""
         if start_time is None:
             start_time = _time_ns()

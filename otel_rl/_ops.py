@@ -41,11 +41,30 @@ def record_exception(span: Any, exc: BaseException, timestamp: int | None = None
 
 
 class OpMeta:
-    __slots__ = ("fn", "name", "kind", "attrs", "pos_names", "skip_first", "varargs", "defaults", "is_method",
-                 "tool_call_arg", "model", "order")
+    __slots__ = (
+        "fn",
+        "name",
+        "kind",
+        "attrs",
+        "pos_names",
+        "skip_first",
+        "varargs",
+        "defaults",
+        "is_method",
+        "tool_call_arg",
+        "model",
+        "order",
+    )
 
-    def __init__(self, fn: Callable, name: str | None, kind: str, attrs: dict, tool_call_arg: tuple = (),
-                 model: str | None = None):
+    def __init__(
+        self,
+        fn: Callable,
+        name: str | None,
+        kind: str,
+        attrs: dict,
+        tool_call_arg: tuple = (),
+        model: str | None = None,
+    ):
         self.fn = fn
         qualname = getattr(fn, "__qualname__", getattr(fn, "__name__", "op"))
         self.name = name or qualname
@@ -65,10 +84,13 @@ class OpMeta:
         self.pos_names = tuple(p.name for p in pos)
         var = [p for p in params if p.kind == p.VAR_POSITIONAL]
         self.varargs = var[0].name if var else "args"
-        self.defaults = {p.name: p.default for p in params
-                         if p.default is not p.empty and p.kind != p.VAR_KEYWORD and not (self.skip_first and p is params[0])}
+        self.defaults = {
+            p.name: p.default
+            for p in params
+            if p.default is not p.empty and p.kind != p.VAR_KEYWORD and not (self.skip_first and p is params[0])
+        }
         # declared names (VAR_POSITIONAL under its own name, **kwargs last) to order keyword calls by
-        self.order = tuple(p.name for p in params[1 if self.skip_first else 0:] if p.kind != p.VAR_KEYWORD)
+        self.order = tuple(p.name for p in params[1 if self.skip_first else 0 :] if p.kind != p.VAR_KEYWORD)
 
     def bind(self, args: tuple, kwargs: dict) -> dict[str, Any]:
         """Arguments by parameter name (declaration order, defaults filled in), without self."""
@@ -96,7 +118,9 @@ class OpMeta:
 
 def _start_op_span(meta: OpMeta, args: tuple, kwargs: dict) -> Any:
     inputs = meta.bind(args, kwargs)
-    text, truncated = snapshot(inputs, _runtime.active.config.max_value_chars)  # its JSON text, or a copy made into it when read
+    text, truncated = snapshot(
+        inputs, _runtime.active.config.max_value_chars
+    )  # its JSON text, or a copy made into it when read
     attrs = {**meta.attrs, _OP_INPUTS: text}
     if truncated:
         attrs[_TRUNCATED] = True
@@ -124,8 +148,8 @@ def _usage_from(result: Any, ids: tuple | None) -> tuple[int | None, int | None]
 
 
 def _finish_op_span(span: Any, meta: OpMeta, result: Any, args: tuple) -> None:
-    # `span` is a LightSpan (the runtime's light tracer) still recording: otel-rl's own attributes, valid by construction,
-    # go straight into its attribute dict
+    # `span` is a LightSpan (the runtime's light tracer) still recording: otel-rl's own attributes, valid by
+    # construction, go straight into its attribute dict
     attrs = span._attributes
     text, truncated = snapshot(result, _runtime.active.config.max_value_chars)
     attrs[_OP_OUTPUT] = text
@@ -261,8 +285,9 @@ def _wrap_gen(fn: Callable, meta: OpMeta) -> Callable:
                     else:
                         item = gen.send(send_value)
                 except StopIteration as stop:
-                    _finish_op_span(span, meta, {"yielded": items, "return": stop.value}
-                                    if stop.value is not None else items, args)
+                    _finish_op_span(
+                        span, meta, {"yielded": items, "return": stop.value} if stop.value is not None else items, args
+                    )
                     return stop.value
                 finally:
                     otel_context.detach(token)

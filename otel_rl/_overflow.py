@@ -79,8 +79,12 @@ class Overflow:
                 done += os.pwrite(self._fd, buf[done:], off + done)
         except OSError as exc:
             self.disk_failed = True
-            _log.warning("otel-rl: cannot write the record spill file in %s (%s); while the pipeline is behind, "
-                         "log() waits for room instead", self._dir, exc)
+            _log.warning(
+                "otel-rl: cannot write the record spill file in %s (%s); while the pipeline is behind, "
+                "log() waits for room instead",
+                self._dir,
+                exc,
+            )
             return
         self._frames.append((off, len(chunk)))
         self._write_off = off + len(buf)

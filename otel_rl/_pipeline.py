@@ -33,8 +33,16 @@ from opentelemetry.trace import SpanContext, TraceFlags
 
 from . import semconv as sc
 from ._delivery import DeliveryQueue, wait_all_idle
-from ._items import (AddQueue, FlushMarker, GenerationsItem, LogItem, OverflowStart, TrajectoryStat,
-                     generations_span, log_span)
+from ._items import (
+    AddQueue,
+    FlushMarker,
+    GenerationsItem,
+    LogItem,
+    OverflowStart,
+    TrajectoryStat,
+    generations_span,
+    log_span,
+)
 from ._lightspan import LightSpan, TimeOrderedIds
 from ._rollouts import RolloutDeferral
 from ._token2text import DecodeJobs
@@ -64,10 +72,17 @@ def make_overflow(config: Any) -> Any:
     return Overflow(os.path.join(default_root(), safe_name(str(getattr(config, "run_id", "") or "run"))))
 
 
-
 class Pipeline:
-    def __init__(self, config: Any, resource: Any, exporters: Sequence[Any], instruments: Any | None,
-                 scope: InstrumentationScope, remote: Any = None, others: Any = None):
+    def __init__(
+        self,
+        config: Any,
+        resource: Any,
+        exporters: Sequence[Any],
+        instruments: Any | None,
+        scope: InstrumentationScope,
+        remote: Any = None,
+        others: Any = None,
+    ):
         self.config = config
         self.others = others  # span processors outside otel-rl (otel_rl._processors), fed from this thread
         self.resource = resource
@@ -83,8 +98,11 @@ class Pipeline:
         self._takeover: Receiver | None = None
         self._resource_attrs = dict(resource.attributes) if resource is not None else {}
         self.decodes = DecodeJobs()  # token2text jobs left by the op wrapper
-        self.queues = [DeliveryQueue(e, config.queue_size, config=config) for e in exporters
-                       if e.wants_records or e.wants_spans or e.wants_trajectories]
+        self.queues = [
+            DeliveryQueue(e, config.queue_size, config=config)
+            for e in exporters
+            if e.wants_records or e.wants_spans or e.wants_trajectories
+        ]
         # exporters in the export process (otel_rl.export_process): records go there in one message per batch
         self.remote = remote
         if remote is not None:
@@ -168,8 +186,13 @@ class Pipeline:
         kind = self._kind(item)
         self.shed[kind] = self.shed.get(kind, 0) + 1
         self.dropped += 1
-        warn_once("pipeline-full", "otel-rl: telemetry queue full (%d items); shedding spans (counted per kind in "
-                  "stats()['shed']); log() records are kept (record_overflow=%s)", self._max_items, self.record_overflow)
+        warn_once(
+            "pipeline-full",
+            "otel-rl: telemetry queue full (%d items); shedding spans (counted per kind in "
+            "stats()['shed']); log() records are kept (record_overflow=%s)",
+            self._max_items,
+            self.record_overflow,
+        )
 
     def _overflow_record(self, item: Any) -> None:
         ovf = self._overflow
@@ -435,8 +458,7 @@ class Pipeline:
             if texts:
                 from ._token2text import with_texts
 
-                out = [with_texts(s, texts[s.context.span_id], limit) if s.context.span_id in texts else s
-                       for s in out]
+                out = [with_texts(s, texts[s.context.span_id], limit) if s.context.span_id in texts else s for s in out]
             records = self._builder.build(out)
             if feed:
                 others.on_end(out)
@@ -461,8 +483,14 @@ class Pipeline:
                 return True
         return False
 
-    def _process(self, records: list[Record], spans: list, stats: Sequence[TrajectoryStat] = (),
-                 only: frozenset[str] | None = None, wire: list | None = None) -> None:
+    def _process(
+        self,
+        records: list[Record],
+        spans: list,
+        stats: Sequence[TrajectoryStat] = (),
+        only: frozenset[str] | None = None,
+        wire: list | None = None,
+    ) -> None:
         if self.instruments is not None:
             try:
                 self.instruments.update(records, spans, stats)

@@ -22,8 +22,7 @@ def _same_in_this_process(name: str) -> Any:
 
 
 class Runtime:
-    __slots__ = ("handle", "config", "tracing", "tracer", "light", "sampler", "tokenizer", "_pipeline",
-                 "_rollouts")
+    __slots__ = ("handle", "config", "tracing", "tracer", "light", "sampler", "tokenizer", "_pipeline", "_rollouts")
 
     def __init__(self, handle: Any, pipeline: Any, tracing: bool) -> None:
         self.handle = handle  # otel_rl.Handle: `otel_rl.current()`

@@ -59,8 +59,13 @@ class Spiller:
             sp.open(create=True)
         except (OSError, SpoolBusy) as exc:
             self._retry_at = time.monotonic() + _RETRY_S
-            warn_once(f"spool-open:{self.name}", "otel-rl: exporter %r: cannot use the spool directory %s (%s); "
-                      "queueing in memory only", self.name, sp.options.path, exc)
+            warn_once(
+                f"spool-open:{self.name}",
+                "otel-rl: exporter %r: cannot use the spool directory %s (%s); queueing in memory only",
+                self.name,
+                sp.options.path,
+                exc,
+            )
             return False
         return True
 
@@ -82,17 +87,25 @@ class Spiller:
                     e.unspoolable = True  # it is being delivered from memory anyway
                 else:
                     dropped += e.n
-                    _log.error("otel-rl: exporter %r: a batch cannot be written to the spool (%s); "
-                               "dropped its %d items", self.name, exc, e.n)
+                    _log.error(
+                        "otel-rl: exporter %r: a batch cannot be written to the spool (%s); dropped its %d items",
+                        self.name,
+                        exc,
+                        e.n,
+                    )
                 continue
             try:
                 frame, lost = sp.append(payload, e.n, inflight=is_inflight)
             except OSError as exc:
                 back = [x for x in todo[i:] if x is not inflight]
                 self._retry_at = time.monotonic() + _RETRY_S
-                warn_once(f"spool-write:{self.name}:{type(exc).__name__}",
-                          "otel-rl: exporter %r: cannot write its spool %s (%s); keeping batches in memory",
-                          self.name, sp.path, exc)
+                warn_once(
+                    f"spool-write:{self.name}:{type(exc).__name__}",
+                    "otel-rl: exporter %r: cannot write its spool %s (%s); keeping batches in memory",
+                    self.name,
+                    sp.path,
+                    exc,
+                )
                 break
             capped += lost
             if frame is None:
@@ -132,16 +145,28 @@ class Spiller:
         try:
             return decode_batch(frame.payload)
         except CodecError as exc:
-            _log.warning("otel-rl: exporter %r: spool %s frame at %d:%d cannot be read (%s); skipped %d items",
-                         self.name, self.spool.path, frame.seq, frame.offset, exc, frame.n_items)
+            _log.warning(
+                "otel-rl: exporter %r: spool %s frame at %d:%d cannot be read (%s); skipped %d items",
+                self.name,
+                self.spool.path,
+                frame.seq,
+                frame.offset,
+                exc,
+                frame.n_items,
+            )
             return None
 
     def sync(self) -> None:
         try:
             self.spool.sync()
         except OSError as exc:
-            warn_once(f"spool-fsync:{self.name}", "otel-rl: exporter %r: fsync of spool %s failed: %s",
-                      self.name, self.spool.path, exc)
+            warn_once(
+                f"spool-fsync:{self.name}",
+                "otel-rl: exporter %r: fsync of spool %s failed: %s",
+                self.name,
+                self.spool.path,
+                exc,
+            )
 
     def recover(self) -> None:
         """A spool directory left by an earlier process: open it, so that its frames go first."""
@@ -156,12 +181,23 @@ class Spiller:
         except SpoolBusy:
             return  # another live process owns it; a spill here uses a sibling directory
         except OSError as exc:
-            warn_once(f"spool-open:{self.name}", "otel-rl: exporter %r: cannot read the spool %s (%s)",
-                      self.name, sp.options.path, exc)
+            warn_once(
+                f"spool-open:{self.name}",
+                "otel-rl: exporter %r: cannot read the spool %s (%s)",
+                self.name,
+                sp.options.path,
+                exc,
+            )
             return
         if sp.recovered_items:
-            _log.warning("otel-rl: exporter %r: %d items (%d bytes) left in spool %s by an earlier process; "
-                         "delivering them first", self.name, sp.recovered_items, sp.bytes, sp.path)
+            _log.warning(
+                "otel-rl: exporter %r: %d items (%d bytes) left in spool %s by an earlier process; "
+                "delivering them first",
+                self.name,
+                sp.recovered_items,
+                sp.bytes,
+                sp.path,
+            )
 
     def close(self) -> None:
         """End of the queue: close the spool (removed when empty), saying what it keeps."""
@@ -176,9 +212,15 @@ class Spiller:
         if self._left_logged:
             return
         self._left_logged = True
-        _log.warning("otel-rl: exporter %r: %d items (%d bytes) kept in spool %s; they are delivered at the next "
-                     "start with the same spool directory, or now with `otel-rl replay %s`",
-                     self.name, pending, nbytes, path, path)
+        _log.warning(
+            "otel-rl: exporter %r: %d items (%d bytes) kept in spool %s; they are delivered at the next "
+            "start with the same spool directory, or now with `otel-rl replay %s`",
+            self.name,
+            pending,
+            nbytes,
+            path,
+            path,
+        )
 
     def _log_cap_drop(self) -> None:
         sp = self.spool
@@ -186,9 +228,15 @@ class Spiller:
         total = sp.dropped_items
         if total == self._dropped_seen or now - self._drop_logged_at < 10.0:
             return
-        _log.warning("otel-rl: spool of exporter %r is full (spool_max_bytes=%d); dropped %d items so far "
-                     "(spool_drop_policy=%s), %d since the last report", self.name, sp.options.max_bytes, total,
-                     sp.options.drop_policy, total - self._dropped_seen)
+        _log.warning(
+            "otel-rl: spool of exporter %r is full (spool_max_bytes=%d); dropped %d items so far "
+            "(spool_drop_policy=%s), %d since the last report",
+            self.name,
+            sp.options.max_bytes,
+            total,
+            sp.options.drop_policy,
+            total - self._dropped_seen,
+        )
         self._dropped_seen = total
         self._drop_logged_at = now
 
@@ -205,7 +253,10 @@ def make_spool(spool: Any, config: Any, exporter: Any) -> Any:
     try:
         opts = spool if isinstance(spool, SpoolOptions) else options_for(config, exporter)
     except (ValueError, TypeError) as exc:
-        _log.warning("otel-rl: exporter %r: spool settings not usable (%s); queueing in memory only",
-                     getattr(exporter, "name", "?"), exc)
+        _log.warning(
+            "otel-rl: exporter %r: spool settings not usable (%s); queueing in memory only",
+            getattr(exporter, "name", "?"),
+            exc,
+        )
         return None
     return Spool(opts) if opts is not None else None

@@ -23,8 +23,8 @@ from typing import Any
 from opentelemetry.sdk.trace import ReadableSpan
 
 from . import semconv as sc
-from ._values import warn_once
 from ._lightspan import CONTEXT_IS_TUPLE, LightSpan
+from ._values import warn_once
 from .serialize import _dumps, materialize, to_json
 
 _log = logging.getLogger("otel_rl")
@@ -157,8 +157,9 @@ def _decode_pairs(tokenizer: Any, pairs: list[tuple[Any, Any]]) -> list[dict[str
     try:
         texts = _decode_all(tokenizer, seqs) if seqs else []
     except Exception as exc:
-        warn_once(f"token2text:{type(exc).__name__}", "otel-rl: token2text decoding failed (%s: %s)",
-                  type(exc).__name__, exc)
+        warn_once(
+            f"token2text:{type(exc).__name__}", "otel-rl: token2text decoding failed (%s: %s)", type(exc).__name__, exc
+        )
         return out
     for (k, field), text in zip(where, texts):
         out[k][field] = text
@@ -178,8 +179,12 @@ def decode_packed(packed: list, tokenizers: dict[int, Any], max_chars: int) -> N
     for key, spans in by_key.items():
         tokenizer = tokenizers.get(key)
         if tokenizer is None:
-            warn_once(f"token2text-missing:{key}", "otel-rl: token2text: a tokenizer could not be loaded in the "
-                      "export process; %d outputs keep their ids only", len(spans))
+            warn_once(
+                f"token2text-missing:{key}",
+                "otel-rl: token2text: a tokenizer could not be loaded in the "
+                "export process; %d outputs keep their ids only",
+                len(spans),
+            )
             continue
         for t, fields in zip(spans, _decode_pairs(tokenizer, [t[10][1:] for t in spans])):
             if fields:
@@ -198,7 +203,7 @@ def resolve_packed(packed: list) -> None:
 
 def drop(spans: list, pending: dict[int, tuple], sids: list[int] | None = None) -> None:
     """Forget the ids noted for `spans` (nobody takes their texts)."""
-    for sid in (span_ids(spans) if sids is None else sids):
+    for sid in span_ids(spans) if sids is None else sids:
         pending.pop(sid, None)
 
 
@@ -207,8 +212,7 @@ def decode_spans(spans: list, pending: dict[int, tuple], max_chars: int) -> list
     decoded = decode_fields(spans, pending)
     if not decoded:
         return spans
-    return [with_texts(s, decoded[s.context.span_id], max_chars) if s.context.span_id in decoded else s
-            for s in spans]
+    return [with_texts(s, decoded[s.context.span_id], max_chars) if s.context.span_id in decoded else s for s in spans]
 
 
 def _spliced(raw: str, fields: dict[str, str], max_chars: int) -> str | None:
@@ -250,10 +254,20 @@ def merge_texts(attrs: dict, fields: dict[str, str], max_chars: int) -> None:
 def with_texts(span: ReadableSpan, fields: dict[str, str], max_chars: int) -> ReadableSpan:
     attrs = dict(span.attributes or {})
     merge_texts(attrs, fields, max_chars)
-    return ReadableSpan(span.name, context=span.context, parent=span.parent, resource=span.resource,
-                        attributes=attrs, events=span.events, links=span.links, kind=span.kind,
-                        status=span.status, start_time=span.start_time, end_time=span.end_time,
-                        instrumentation_scope=span.instrumentation_scope)
+    return ReadableSpan(
+        span.name,
+        context=span.context,
+        parent=span.parent,
+        resource=span.resource,
+        attributes=attrs,
+        events=span.events,
+        links=span.links,
+        kind=span.kind,
+        status=span.status,
+        start_time=span.start_time,
+        end_time=span.end_time,
+        instrumentation_scope=span.instrumentation_scope,
+    )
 
 
 class DecodeJobs:

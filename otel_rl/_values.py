@@ -178,8 +178,11 @@ def _gather_tensors(tensors: list[tuple[str, object]], out: dict, skipped: list[
     exact = _item_exact_dtypes(torch)
     for (device, is_float), subs in groups.items():
         try:
-            if (device.type == "cpu" and all(dtype in exact for dtype, _ in subs)
-                    and all(t.layout is strided for _, sub in subs for _, _, t in sub)):
+            if (
+                device.type == "cpu"
+                and all(dtype in exact for dtype, _ in subs)
+                and all(t.layout is strided for _, sub in subs for _, _, t in sub)
+            ):
                 # already on the host: .item() gives the same value as the float64/int64 conversion
                 # below for these dtypes, without the stack (nothing to transfer, no device sync)
                 host = [t.item() for _, sub in subs for _, _, t in sub]
@@ -227,8 +230,20 @@ def _item_exact_dtypes(torch: Any) -> frozenset:
     """dtypes whose .item() equals .to(float64 or int64).tolist() exactly (bool: bool of it)."""
     global _ITEM_EXACT
     if not _ITEM_EXACT:
-        _ITEM_EXACT = frozenset((torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.bool,
-                                 torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64))
+        _ITEM_EXACT = frozenset(
+            (
+                torch.float16,
+                torch.bfloat16,
+                torch.float32,
+                torch.float64,
+                torch.bool,
+                torch.uint8,
+                torch.int8,
+                torch.int16,
+                torch.int32,
+                torch.int64,
+            )
+        )
     return _ITEM_EXACT
 
 

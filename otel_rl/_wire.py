@@ -43,9 +43,16 @@ def pack(span: Any, decode: tuple | None = None) -> tuple:
     else:  # pragma: no cover - an API whose SpanContext is laid out otherwise
         ids = (ctx.trace_id, ctx.span_id, parent.span_id if parent is not None else 0)
     code, desc = ("UNSET", None) if st is UNSET_STATUS else (st.status_code.name, st.description)
-    packed = (*ids, name, start, end, dict(attrs),
-              tuple((e.name, e.timestamp, dict(e.attributes or {})) for e in events) if events else None,
-              code, desc)
+    packed = (
+        *ids,
+        name,
+        start,
+        end,
+        dict(attrs),
+        tuple((e.name, e.timestamp, dict(e.attributes or {})) for e in events) if events else None,
+        code,
+        desc,
+    )
     return packed if decode is None else (*packed, decode)
 
 
@@ -53,8 +60,7 @@ def _foreign_bytes_as_text(attrs: Any) -> Any:
     """An op's inputs or output as bytes are a copy to unpickle (`serialize.materialize`) only in
     otel-rl's own light spans; in any other span (one received over OTLP by the bridge, say) they are
     data, and go on as the JSON text of those bytes, never to be unpickled."""
-    foreign = {k: to_json(bytes(v))[0] for k in DEFERRED_KEYS
-               if isinstance(v := attrs.get(k), (bytes, bytearray))}
+    foreign = {k: to_json(bytes(v))[0] for k in DEFERRED_KEYS if isinstance(v := attrs.get(k), (bytes, bytearray))}
     return {**attrs, **foreign} if foreign else attrs
 
 
@@ -93,12 +99,23 @@ class _Resource:
 class WireSpan:
     """An unpacked span: the parts of a `ReadableSpan` that the record builder reads."""
 
-    __slots__ = ("name", "context", "parent", "attributes", "events", "status", "start_time", "end_time", "resource",
-                 "seq")
+    __slots__ = (
+        "name",
+        "context",
+        "parent",
+        "attributes",
+        "events",
+        "status",
+        "start_time",
+        "end_time",
+        "resource",
+        "seq",
+    )
 
     def __init__(self, t: tuple, resource: _Resource, seq: int = 0):
         trace_id, span_id, parent_id, self.name, self.start_time, self.end_time, self.attributes, events, code, desc = (
-            t if len(t) == 10 else t[:10])
+            t if len(t) == 10 else t[:10]
+        )
         self.context = _Ctx(trace_id, span_id)
         self.parent = _Ctx(trace_id, parent_id) if parent_id else None
         self.events = tuple(_Event(*e) for e in events) if events else ()

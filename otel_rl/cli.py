@@ -9,9 +9,8 @@ import sys
 
 from . import __version__
 from .config import ConfigError, resolve
-from .redact import scrub_secrets
 from .exporters import registry
-
+from .redact import scrub_secrets
 
 # Subcommands that live in their own modules: name -> (module, help). Each module has
 # `add_arguments(parser)` and `run(args) -> int`; it is imported only when its command runs.
@@ -24,7 +23,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "replay": ("otel_rl.spool.cli", "deliver what a spool directory still holds"),
     "doctor": ("otel_rl.doctor", "check the exporters' libraries, credentials, endpoints, paths and spool"),
     "report": ("otel_rl.report", "write one self-contained HTML page of a run's curves, trajectories and config"),
-    "prune": ("otel_rl.prune", "delete old MLflow traces, delivered spool segments and old JSONL files (dry run first)"),
+    "prune": (
+        "otel_rl.prune",
+        "delete old MLflow traces, delivered spool segments and old JSONL files (dry run first)",
+    ),
 }
 
 
@@ -52,7 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("version", help="print the version")
     sub.add_parser("exporters", help="list the installed exporter names (those that cannot be used say why)")
     p_cfg = sub.add_parser("config", help="print the resolved configuration (arguments > config > env > defaults)")
-    p_cfg.add_argument("overrides", nargs="*", help="verl-style dotlist overrides, e.g. trainer.logger='[console,file]'")
+    p_cfg.add_argument(
+        "overrides", nargs="*", help="verl-style dotlist overrides, e.g. trainer.logger='[console,file]'"
+    )
     args = parser.parse_args(argv)
     if args.cmd in modules:
         try:

@@ -33,6 +33,7 @@ VERL_KEYS: dict[str, str] = {
     "actor_rollout_ref.rollout.trace.max_samples": "max_samples",
 }
 
+
 @dataclasses.dataclass
 class Config:
     """Resolved settings of one otel-rl pipeline.  Field docs in docs/configuration.md."""
@@ -228,18 +229,55 @@ def _split_top(body: str) -> list[str]:
 # Sections whose keys otel-rl knows, for checking dotlist overrides (`apply_dotlist`): the keys it reads
 # and the other keys verl's own config has there (verl 0.9.1, plus older verl's ``trainer.wandb_proxy``).
 OWNED_SECTIONS: dict[str, frozenset[str]] = {
-    "trainer": frozenset({
-        "project_name", "experiment_name", "logger", "log_val_generations", "balance_batch",
-        "checkpoint_callback_class", "critic_warmup", "default_hdfs_dir", "default_local_dir",
-        "del_local_ckpt_after_load", "device", "esi_redundant_time", "max_actor_ckpt_to_keep",
-        "max_critic_ckpt_to_keep", "n_gpus_per_node", "nnodes", "ray_wait_register_center_timeout",
-        "resume_from_path", "resume_mode", "rollout_data_dir", "save_freq", "test_freq", "total_epochs",
-        "total_training_steps", "use_v1", "v1", "val_before_train", "val_only", "validation_data_dir",
-        "wandb_proxy", "profile_steps", "controller_nsight_options", "worker_nsight_options",
-        "use_legacy_worker_impl"}),
-    "actor_rollout_ref.rollout.trace": frozenset({
-        "backend", "token2text", "max_samples_per_step_per_worker", "max_samples", "project_name",
-        "experiment_name", "_target_"}),
+    "trainer": frozenset(
+        {
+            "project_name",
+            "experiment_name",
+            "logger",
+            "log_val_generations",
+            "balance_batch",
+            "checkpoint_callback_class",
+            "critic_warmup",
+            "default_hdfs_dir",
+            "default_local_dir",
+            "del_local_ckpt_after_load",
+            "device",
+            "esi_redundant_time",
+            "max_actor_ckpt_to_keep",
+            "max_critic_ckpt_to_keep",
+            "n_gpus_per_node",
+            "nnodes",
+            "ray_wait_register_center_timeout",
+            "resume_from_path",
+            "resume_mode",
+            "rollout_data_dir",
+            "save_freq",
+            "test_freq",
+            "total_epochs",
+            "total_training_steps",
+            "use_v1",
+            "v1",
+            "val_before_train",
+            "val_only",
+            "validation_data_dir",
+            "wandb_proxy",
+            "profile_steps",
+            "controller_nsight_options",
+            "worker_nsight_options",
+            "use_legacy_worker_impl",
+        }
+    ),
+    "actor_rollout_ref.rollout.trace": frozenset(
+        {
+            "backend",
+            "token2text",
+            "max_samples_per_step_per_worker",
+            "max_samples",
+            "project_name",
+            "experiment_name",
+            "_target_",
+        }
+    ),
 }
 
 
@@ -269,11 +307,14 @@ def _check_key(cfg: Mapping[str, Any], key: str, item: str, strict: str) -> None
     if section == "otel_rl":
         hint = hint or f" Known: {', '.join(known or [])}."
         raise ConfigError(f"unknown setting {key!r} in override {item!r}.{hint}")
-    raise ConfigError(f"unknown config key {key!r} in override {item!r}.{hint} To add a new key on purpose, "
-                      f"write +{item}")
+    raise ConfigError(
+        f"unknown config key {key!r} in override {item!r}.{hint} To add a new key on purpose, write +{item}"
+    )
 
 
-def apply_dotlist(base: Mapping[str, Any] | None, overrides: Sequence[str], strict: str | None = None) -> dict[str, Any]:
+def apply_dotlist(
+    base: Mapping[str, Any] | None, overrides: Sequence[str], strict: str | None = None
+) -> dict[str, Any]:
     """Apply verl/Hydra-style overrides (``a.b=v``, ``+a.b=v``, ``++a.b=v``, ``~a.b``).
 
     `strict` ``"owned"``: an override without ``+`` of a key that is not in `base` and is unknown in a
@@ -376,8 +417,22 @@ def _as_int(name: str, v: Any, allow_none: bool = False) -> int | None:
         raise ConfigError(f"{name}: expected an integer, got {v!r}") from None
 
 
-_SIZE_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1 << 10, "m": 1000**2, "mb": 1000**2, "mib": 1 << 20,
-               "g": 1000**3, "gb": 1000**3, "gib": 1 << 30, "t": 1000**4, "tb": 1000**4, "tib": 1 << 40}
+_SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "kib": 1 << 10,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "mib": 1 << 20,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "gib": 1 << 30,
+    "t": 1000**4,
+    "tb": 1000**4,
+    "tib": 1 << 40,
+}
 
 
 def _as_size(name: str, v: Any) -> int:
@@ -415,8 +470,15 @@ def _as_names(name: str, v: Any) -> tuple[str, ...]:
 
 def _coerce(field: str, v: Any, source: str) -> Any:
     label = f"{field} (from {source})"
-    if field in ("token2text", "set_global_provider", "feed_global_provider", "disabled", "export_process_idle",
-                 "forward_console", "handle_sigterm"):
+    if field in (
+        "token2text",
+        "set_global_provider",
+        "feed_global_provider",
+        "disabled",
+        "export_process_idle",
+        "forward_console",
+        "handle_sigterm",
+    ):
         return _as_bool(label, v)
     if field == "tracing":
         return None if v is None else _as_bool(label, v)
@@ -442,8 +504,14 @@ def _coerce(field: str, v: Any, source: str) -> Any:
         return "true" if _as_bool(label + " (auto, true or false)", v) else "false"
     if field == "spool_exporters" and isinstance(v, (list, tuple)):
         return ",".join(_as_names(label, v))
-    if field in ("rank", "log_val_generations", "prometheus_port", "max_value_chars", "queue_size",
-                 "export_process_nice"):
+    if field in (
+        "rank",
+        "log_val_generations",
+        "prometheus_port",
+        "max_value_chars",
+        "queue_size",
+        "export_process_nice",
+    ):
         out = _as_int(label, v)
         if field == "log_val_generations" and out is not None and out < 0:
             raise ConfigError(f"{label}: must be >= 0")

@@ -20,8 +20,8 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace as trace_api
 from opentelemetry.trace import Link, Status, StatusCode
 
-from . import semconv as sc
 from . import _runtime
+from . import semconv as sc
 from ._ops import OFF, SAMPLED, UNSAMPLED, OpMeta, decorator, record_exception
 from ._runtime import STEP, TRAJECTORY
 
@@ -137,8 +137,9 @@ class timer:
     def __enter__(self) -> timer:
         self._span = None
         if _runtime.active.tracing:
-            self._span = _runtime.active.light.start_in_current(self.name, {sc.RL_TIMER_NAME: self.name,
-                                                               sc.RL_SPAN_KIND: sc.KIND_TIMER})
+            self._span = _runtime.active.light.start_in_current(
+                self.name, {sc.RL_TIMER_NAME: self.name, sc.RL_SPAN_KIND: sc.KIND_TIMER}
+            )
             self._token = otel_context.attach(trace_api.set_span_in_context(self._span))
         self._t0 = _perf()
         return self
@@ -171,11 +172,32 @@ class timer:
 class TrajectoryState:
     """What `with trajectory(...) as t` gives: `t.sampled`, `t.set_reward(x)`, `t.span`."""
 
-    __slots__ = ("mode", "step", "sample_index", "rollout_n", "validate", "name", "span", "errors", "t0",
-                 "var_token", "ctx_token", "link", "reward", "runtime")
+    __slots__ = (
+        "mode",
+        "step",
+        "sample_index",
+        "rollout_n",
+        "validate",
+        "name",
+        "span",
+        "errors",
+        "t0",
+        "var_token",
+        "ctx_token",
+        "link",
+        "reward",
+        "runtime",
+    )
 
-    def __init__(self, mode: int, step: int | None, sample_index: int | None, rollout_n: int | None,
-                 validate: bool, name: str | None):
+    def __init__(
+        self,
+        mode: int,
+        step: int | None,
+        sample_index: int | None,
+        rollout_n: int | None,
+        validate: bool,
+        name: str | None,
+    ):
         self.mode = mode
         self.step = step
         self.sample_index = sample_index
@@ -206,8 +228,11 @@ class TrajectoryState:
             self.errors.append((name, kind, t0, t1, exc))
 
     def attributes(self) -> dict[str, Any]:
-        a: dict[str, Any] = {sc.RL_SPAN_KIND: sc.KIND_AGENT, sc.RL_VALIDATE: self.validate,
-                             sc.RL_EXPERIMENT_NAME: _runtime.active.config.experiment}
+        a: dict[str, Any] = {
+            sc.RL_SPAN_KIND: sc.KIND_AGENT,
+            sc.RL_VALIDATE: self.validate,
+            sc.RL_EXPERIMENT_NAME: _runtime.active.config.experiment,
+        }
         if self.step is not None:
             a[sc.RL_STEP] = self.step
         if self.sample_index is not None:
@@ -254,8 +279,15 @@ class trajectory:
 
     __slots__ = ("_args", "_st")
 
-    def __init__(self, step: int | None = None, sample_index: int | None = None, rollout_n: int | None = None,
-                 validate: bool = False, name: str | None = None, trace: bool = True):
+    def __init__(
+        self,
+        step: int | None = None,
+        sample_index: int | None = None,
+        rollout_n: int | None = None,
+        validate: bool = False,
+        name: str | None = None,
+        trace: bool = True,
+    ):
         self._args = (step, sample_index, rollout_n, bool(validate), name, trace)
 
     def __enter__(self) -> TrajectoryState:
@@ -312,9 +344,13 @@ def _emit_kept_error(st: TrajectoryState, ev: BaseException | None) -> None:
         return
     attrs = st.attributes()
     attrs[sc.RL_SAMPLED] = False
-    root = tracer.start_span(st.name or sc.SPAN_TRAJECTORY, context=_EMPTY_CONTEXT,
-                             links=[Link(st.link)] if st.link is not None else None,
-                             attributes=attrs, start_time=st.t0)
+    root = tracer.start_span(
+        st.name or sc.SPAN_TRAJECTORY,
+        context=_EMPTY_CONTEXT,
+        links=[Link(st.link)] if st.link is not None else None,
+        attributes=attrs,
+        start_time=st.t0,
+    )
     parent_ctx = trace_api.set_span_in_context(root, _EMPTY_CONTEXT)
     for name, kind, t0, t1, exc in st.errors or ():
         child = tracer.start_span(name, context=parent_ctx, attributes={sc.RL_SPAN_KIND: kind}, start_time=t0)
@@ -353,8 +389,14 @@ def op(fn: F | None = None, *, name: str | None = None, kind: str = sc.KIND_CHAI
     return decorator(fn, lambda f: OpMeta(f, name, k, {sc.RL_SPAN_KIND: k} if k != sc.KIND_CHAIN else {}))
 
 
-def generate(fn: F | None = None, *, name: str | None = None, model: str | None = None,
-             operation: str = sc.GEN_AI_OP_CHAT, provider: str | None = None) -> Any:
+def generate(
+    fn: F | None = None,
+    *,
+    name: str | None = None,
+    model: str | None = None,
+    operation: str = sc.GEN_AI_OP_CHAT,
+    provider: str | None = None,
+) -> Any:
     """An LLM generation: GenAI-convention span with model and token usage.
 
     Token counts come from the result's ``prompt_ids``/``response_ids`` (keys or
@@ -374,8 +416,13 @@ def generate(fn: F | None = None, *, name: str | None = None, model: str | None 
     return decorator(fn, build)
 
 
-def tool(fn: F | None = None, *, name: str | None = None, call_id_arg: str | tuple[str, ...] = ("tool_call_id", "call_id"),
-         tool_type: str = "function") -> Any:
+def tool(
+    fn: F | None = None,
+    *,
+    name: str | None = None,
+    call_id_arg: str | tuple[str, ...] = ("tool_call_id", "call_id"),
+    tool_type: str = "function",
+) -> Any:
     """A tool call: GenAI-convention ``execute_tool <name>`` span with tool name and call id.
 
     The call id is read from the first bound argument named in `call_id_arg`.
@@ -383,8 +430,12 @@ def tool(fn: F | None = None, *, name: str | None = None, call_id_arg: str | tup
 
     def build(f: Callable) -> OpMeta:
         tool_name = name or getattr(f, "__name__", "tool")
-        attrs = {sc.RL_SPAN_KIND: sc.KIND_TOOL, sc.GEN_AI_OPERATION_NAME: sc.GEN_AI_OP_EXECUTE_TOOL,
-                 sc.GEN_AI_TOOL_NAME: tool_name, sc.GEN_AI_TOOL_TYPE: tool_type}
+        attrs = {
+            sc.RL_SPAN_KIND: sc.KIND_TOOL,
+            sc.GEN_AI_OPERATION_NAME: sc.GEN_AI_OP_EXECUTE_TOOL,
+            sc.GEN_AI_TOOL_NAME: tool_name,
+            sc.GEN_AI_TOOL_TYPE: tool_type,
+        }
         ids = (call_id_arg,) if isinstance(call_id_arg, str) else tuple(call_id_arg)
         return OpMeta(f, f"{sc.GEN_AI_OP_EXECUTE_TOOL} {tool_name}", sc.KIND_TOOL, attrs, tool_call_arg=ids)
 

@@ -7,8 +7,9 @@ criterion given: ``--older-than`` (a date, or an age like ``30d``) and ``--keep-
 run's newest N steps).  Kept whatever the criteria: every k-th step (``--keep-every k``), failed
 trajectories and validation ones (unless ``--include-failed`` / ``--include-validation``), traces without a
 step when a step criterion is given, and the newest step of a RUNNING run.  Deleted through MLflow's own
-``delete_traces``, 100 ids a call (in a SQL store, the run links it leaves behind are removed too).  Spool segments go once delivered (a spool in use is skipped); JSONL
-files under ``--jsonl DIR`` go when last modified before ``--older-than``.
+``delete_traces``, 100 ids a call (in a SQL store, the run links it leaves behind are removed too).  Spool
+segments go once delivered (a spool in use is skipped); JSONL files under ``--jsonl DIR`` go when last
+modified before ``--older-than``.
 """
 
 from __future__ import annotations
@@ -112,7 +113,7 @@ def human(n: float) -> str:
 def _sqlite_file(uri: str) -> str | None:
     if not uri.startswith("sqlite:///"):
         return None
-    path = uri[len("sqlite:///"):].split("?", 1)[0]
+    path = uri[len("sqlite:///") :].split("?", 1)[0]
     return path if os.path.isfile(path) else None
 
 
@@ -124,9 +125,11 @@ def _span_bytes(db: str, trace_ids: list[str]) -> dict[str, int]:
     con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     try:
         for i in range(0, len(trace_ids), 500):
-            part = trace_ids[i:i + 500]
-            q = (f"SELECT trace_id, SUM(LENGTH(content)) FROM spans WHERE trace_id IN ({','.join('?' * len(part))}) "
-                 "GROUP BY trace_id")
+            part = trace_ids[i : i + 500]
+            q = (
+                f"SELECT trace_id, SUM(LENGTH(content)) FROM spans WHERE trace_id IN ({','.join('?' * len(part))}) "
+                "GROUP BY trace_id"
+            )
             out.update({tid: int(n or 0) for tid, n in con.execute(q, part)})
     except sqlite3.Error:
         return {}
@@ -150,11 +153,14 @@ def drop_run_links(uri: str, trace_ids: list[str]) -> bool:
     try:
         with engine.begin() as con:
             for i in range(0, len(trace_ids), 500):
-                part = trace_ids[i:i + 500]
-                con.execute(sa.text(
-                    "DELETE FROM entity_associations WHERE source_type = 'trace' AND source_id IN :ids "
-                    "AND source_id NOT IN (SELECT request_id FROM trace_info WHERE request_id IN :ids)"
-                ).bindparams(sa.bindparam("ids", expanding=True)), {"ids": part})
+                part = trace_ids[i : i + 500]
+                con.execute(
+                    sa.text(
+                        "DELETE FROM entity_associations WHERE source_type = 'trace' AND source_id IN :ids "
+                        "AND source_id NOT IN (SELECT request_id FROM trace_info WHERE request_id IN :ids)"
+                    ).bindparams(sa.bindparam("ids", expanding=True)),
+                    {"ids": part},
+                )
     finally:
         engine.dispose()
     return True
@@ -164,16 +170,24 @@ def trace_rows(client: Any, experiment_id: str, run_id: str) -> list[TraceRow]:
     rows: list[TraceRow] = []
     token = None
     while True:
-        page = client.search_traces(locations=[experiment_id], run_id=run_id, include_spans=False, max_results=500,
-                                    page_token=token)
+        page = client.search_traces(
+            locations=[experiment_id], run_id=run_id, include_spans=False, max_results=500, page_token=token
+        )
         for t in page:
             tags = t.info.tags
             step = tags.get(sc.TAG_STEP, "")
             state = str(getattr(t.info.state, "value", t.info.state))
             size = t.info.trace_metadata.get("mlflow.trace.sizeBytes")
-            rows.append(TraceRow(t.info.trace_id, int(step) if step.lstrip("-").isdigit() else None,
-                                 tags.get(sc.TAG_VALIDATE) == "True", state == "ERROR",
-                                 (t.info.request_time or 0) / 1000.0, int(size) if size and size.isdigit() else None))
+            rows.append(
+                TraceRow(
+                    t.info.trace_id,
+                    int(step) if step.lstrip("-").isdigit() else None,
+                    tags.get(sc.TAG_VALIDATE) == "True",
+                    state == "ERROR",
+                    (t.info.request_time or 0) / 1000.0,
+                    int(size) if size and size.isdigit() else None,
+                )
+            )
         token = page.token
         if not token:
             return rows
@@ -196,15 +210,21 @@ def prune_traces(client: Any, runs: list[Any], policy: TracePolicy, act: bool, o
         steps = sorted({r.step for r in gone if r.step is not None})
         span = f" (steps {steps[0]}-{steps[-1]})" if steps else ""
         verb = "deleted" if act else "would delete"
-        print(f"MLflow run {info.run_name!r} ({info.run_id}, {info.status}): {len(rows)} traces; {verb} "
-              f"{len(gone)}{span}, ~{human(nbytes)}; kept {len(rows) - len(gone)} ({why})", file=out)
+        print(
+            f"MLflow run {info.run_name!r} ({info.run_id}, {info.status}): {len(rows)} traces; {verb} "
+            f"{len(gone)}{span}, ~{human(nbytes)}; kept {len(rows) - len(gone)} ({why})",
+            file=out,
+        )
         if act:
             ids = [r.trace_id for r in gone]
             for i in range(0, len(ids), DELETE_BATCH):
-                client.delete_traces(info.experiment_id, trace_ids=ids[i:i + DELETE_BATCH])
+                client.delete_traces(info.experiment_id, trace_ids=ids[i : i + DELETE_BATCH])
             if ids and not drop_run_links(client.tracking_uri, ids):
-                print("  (the run's links to the deleted traces stay in the server's database: MLflow has no API "
-                      "that removes them; they are invisible to searches)", file=out)
+                print(
+                    "  (the run's links to the deleted traces stay in the server's database: MLflow has no API "
+                    "that removes them; they are invisible to searches)",
+                    file=out,
+                )
         total_n += len(gone)
         total_b += nbytes
     return total_n, total_b
@@ -238,7 +258,7 @@ def _ack(path: str) -> tuple[int, int] | None:
         return None
     best = None
     for slot in (0, 1):
-        chunk = data[slot * ACK_SLOT_BYTES: slot * ACK_SLOT_BYTES + ACK.size]
+        chunk = data[slot * ACK_SLOT_BYTES : slot * ACK_SLOT_BYTES + ACK.size]
         if len(chunk) < ACK.size:
             continue
         magic, counter, seq, off, crc = ACK.unpack(chunk)
@@ -308,15 +328,20 @@ def prune_spool(roots: Iterable[str], act: bool, out: Any) -> tuple[int, int]:
 def prune_jsonl(dirs: Iterable[str], cutoff: float, act: bool, out: Any) -> tuple[int, int]:
     n = size = 0
     for d in dirs:
-        files = [d] if os.path.isfile(d) else [os.path.join(root, f) for root, _, names in os.walk(d)
-                                                for f in names if f.endswith(".jsonl")]
+        files = (
+            [d]
+            if os.path.isfile(d)
+            else [os.path.join(root, f) for root, _, names in os.walk(d) for f in names if f.endswith(".jsonl")]
+        )
         for path in sorted(files):
             st = os.stat(path)
             if st.st_mtime >= cutoff:
                 continue
             when = datetime.datetime.fromtimestamp(st.st_mtime, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")
-            print(f"JSONL {path}: {'deleted' if act else 'would delete'}, {human(st.st_size)} (last written "
-                  f"{when} UTC)", file=out)
+            print(
+                f"JSONL {path}: {'deleted' if act else 'would delete'}, {human(st.st_size)} (last written {when} UTC)",
+                file=out,
+            )
             if act:
                 os.unlink(path)
             n += 1
@@ -333,18 +358,33 @@ def add_arguments(p: Any) -> None:
     g.add_argument("--experiment", default=None, metavar="NAME", help="every run of this MLflow experiment")
     g.add_argument("--mlflow-run-id", default=None, metavar="ID", help="only this MLflow run")
     g.add_argument("--tracking-uri", default=None, metavar="URI", help="default: MLFLOW_TRACKING_URI")
-    g.add_argument("--keep-last-steps", type=int, default=None, metavar="N",
-                   help="delete traces beyond the run's newest N steps")
+    g.add_argument(
+        "--keep-last-steps", type=int, default=None, metavar="N", help="delete traces beyond the run's newest N steps"
+    )
     g.add_argument("--keep-every", type=int, default=None, metavar="K", help="keep every K-th step (step %% K == 0)")
     g.add_argument("--include-failed", action="store_true", help="failed trajectories may go too")
     g.add_argument("--include-validation", action="store_true", help="validation trajectories may go too")
     g = p.add_argument_group("files")
-    g.add_argument("--spool", action="append", default=None, metavar="DIR",
-                   help="delete delivered segments of the spools under DIR (repeatable)")
-    g.add_argument("--jsonl", action="append", default=None, metavar="DIR",
-                   help="delete *.jsonl files under DIR last written before --older-than (repeatable)")
-    p.add_argument("--older-than", default=None, metavar="DATE|AGE",
-                   help="traces logged / files written before this: 2026-01-31, 30d, 12h")
+    g.add_argument(
+        "--spool",
+        action="append",
+        default=None,
+        metavar="DIR",
+        help="delete delivered segments of the spools under DIR (repeatable)",
+    )
+    g.add_argument(
+        "--jsonl",
+        action="append",
+        default=None,
+        metavar="DIR",
+        help="delete *.jsonl files under DIR last written before --older-than (repeatable)",
+    )
+    p.add_argument(
+        "--older-than",
+        default=None,
+        metavar="DATE|AGE",
+        help="traces logged / files written before this: 2026-01-31, 30d, 12h",
+    )
     p.add_argument("--yes", action="store_true", help="delete (without it: a dry run)")
 
 
@@ -356,8 +396,9 @@ def run(args: Any) -> int:
             v = getattr(args, name)
             if v is not None and v < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
-        policy = TracePolicy(cutoff, args.keep_last_steps, args.keep_every, args.include_failed,
-                             args.include_validation)
+        policy = TracePolicy(
+            cutoff, args.keep_last_steps, args.keep_every, args.include_failed, args.include_validation
+        )
         if args.jsonl and cutoff is None:
             raise ValueError("--jsonl needs --older-than")
         if (args.experiment or args.mlflow_run_id) and not policy.given():
@@ -374,8 +415,7 @@ def run(args: Any) -> int:
 
             uri = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:////tmp/mlruns.db"
             client = store_client("mlflow", uri)
-            n, b = prune_traces(client, mlflow_runs(client, args.experiment, args.mlflow_run_id), policy, args.yes,
-                                out)
+            n, b = prune_traces(client, mlflow_runs(client, args.experiment, args.mlflow_run_id), policy, args.yes, out)
             total += b
         if args.spool:
             total += prune_spool(args.spool, args.yes, out)[1]

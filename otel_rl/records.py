@@ -20,7 +20,7 @@ import math
 import time
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
-from typing import Any, Union
+from typing import Any
 
 from . import semconv as sc
 
@@ -145,8 +145,11 @@ class Trajectory:
         prompt = _prompt(self.root)
         if prompt is not None:
             out["prompt"] = prompt
-        for key, value in ((sc.TAG_STEP, self.step), (sc.TAG_SAMPLE_INDEX, self.sample_index),
-                           (sc.TAG_ROLLOUT_N, self.rollout_n)):
+        for key, value in (
+            (sc.TAG_STEP, self.step),
+            (sc.TAG_SAMPLE_INDEX, self.sample_index),
+            (sc.TAG_ROLLOUT_N, self.rollout_n),
+        ):
             if value is not None:
                 out[key] = value
         out[sc.TAG_VALIDATE] = self.validate
@@ -167,7 +170,7 @@ class Trajectory:
         return out or None
 
 
-Record = Union[RunStart, StepMetrics, Generations, Trajectory]
+Record = RunStart | StepMetrics | Generations | Trajectory
 
 #: characters of the prompt and of the response a trajectory's root repeats (the whole texts stay on
 #: their LLM spans)
@@ -192,7 +195,7 @@ def _number(value: Any) -> float | None:
 
 def _short(value: Any) -> Any:
     if isinstance(value, str) and len(value) > ROLLOUT_TEXT_CHARS:
-        return value[:ROLLOUT_TEXT_CHARS - 3] + "..."
+        return value[: ROLLOUT_TEXT_CHARS - 3] + "..."
     return value
 
 
@@ -347,22 +350,43 @@ class RecordBuilder:
             name = span.name
             attrs = span.attributes or {}
             if name == sc.SPAN_LOG and sc.RL_STEP in attrs:
-                out.append(StepMetrics(RunIdentity.from_attributes(span.resource.attributes), int(attrs[sc.RL_STEP]),
-                                       metrics_from_attributes(attrs), span.end_time or time.time_ns()))
+                out.append(
+                    StepMetrics(
+                        RunIdentity.from_attributes(span.resource.attributes),
+                        int(attrs[sc.RL_STEP]),
+                        metrics_from_attributes(attrs),
+                        span.end_time or time.time_ns(),
+                    )
+                )
                 continue
             if name == sc.SPAN_GENERATIONS and sc.RL_STEP in attrs:
-                rows = zip(attrs.get(sc.RL_GENERATIONS_INPUTS) or (), attrs.get(sc.RL_GENERATIONS_OUTPUTS) or (),
-                           attrs.get(sc.RL_GENERATIONS_SCORES) or ())
-                out.append(Generations(RunIdentity.from_attributes(span.resource.attributes), int(attrs[sc.RL_STEP]),
-                                       [(str(i), str(o), float(s)) for i, o, s in rows], span.end_time or 0))
+                rows = zip(
+                    attrs.get(sc.RL_GENERATIONS_INPUTS) or (),
+                    attrs.get(sc.RL_GENERATIONS_OUTPUTS) or (),
+                    attrs.get(sc.RL_GENERATIONS_SCORES) or (),
+                )
+                out.append(
+                    Generations(
+                        RunIdentity.from_attributes(span.resource.attributes),
+                        int(attrs[sc.RL_STEP]),
+                        [(str(i), str(o), float(s)) for i, o, s in rows],
+                        span.end_time or 0,
+                    )
+                )
                 continue
             if name == sc.SPAN_RUN and span.parent is None:
                 try:
                     config = json.loads(attrs.get(sc.RL_RUN_CONFIG) or "{}")
                 except ValueError:
                     config = {}
-                out.append(RunStart(RunIdentity.from_attributes(span.resource.attributes), config,
-                                    int(span.resource.attributes.get(sc.RL_WORKER_RANK, 0) or 0), span.start_time or 0))
+                out.append(
+                    RunStart(
+                        RunIdentity.from_attributes(span.resource.attributes),
+                        config,
+                        int(span.resource.attributes.get(sc.RL_WORKER_RANK, 0) or 0),
+                        span.start_time or 0,
+                    )
+                )
                 continue
             tid = span.context.trace_id
             if span.parent is None:

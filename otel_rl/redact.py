@@ -61,9 +61,14 @@ def scrub_secrets(obj: Any) -> Any:
     """Copy of a config with values of secret-looking keys replaced by '***' (None stays None), and
     credentials inside every string value redacted (`redact_text`: URL userinfo, secret query parameters)."""
     if isinstance(obj, Mapping):
-        return {k: (REDACTED if isinstance(k, str) and is_secret_key(k) and v is not None and not isinstance(v, Mapping)
-                    else scrub_secrets(v))
-                for k, v in obj.items()}
+        return {
+            k: (
+                REDACTED
+                if isinstance(k, str) and is_secret_key(k) and v is not None and not isinstance(v, Mapping)
+                else scrub_secrets(v)
+            )
+            for k, v in obj.items()
+        }
     if isinstance(obj, (list, tuple)):
         return [scrub_secrets(v) for v in obj]
     if isinstance(obj, str):

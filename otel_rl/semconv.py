@@ -105,7 +105,9 @@ METRIC_TOOL_CALLS = "rl.tool.calls"
 METRIC_TOOL_ERRORS = "rl.tool.errors"
 METRIC_GEN_AI_TOKEN_USAGE = "gen_ai.client.token.usage"
 METRIC_GEN_AI_OPERATION_DURATION = "gen_ai.client.operation.duration"
-METRIC_EXPORT_ITEMS = "otel_rl.exporter.items"  # counter, attr outcome=exported|failed|dropped|retried|spooled|rejected|shed
+METRIC_EXPORT_ITEMS = (
+    "otel_rl.exporter.items"  # counter, attr outcome=exported|failed|dropped|retried|spooled|rejected|shed
+)
 METRIC_EXPORT_QUEUED = "otel_rl.exporter.queued"
 METRIC_EXPORT_SPOOL_BYTES = "otel_rl.exporter.spool.bytes"  # gauge: bytes of each exporter's on-disk spool
 OUTCOME = "outcome"

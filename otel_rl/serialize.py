@@ -52,14 +52,18 @@ def _convert(obj: Any) -> Any:
         t = obj.detach()
         if t.numel() <= _MAX_ITEMS:
             return t.cpu().tolist()
-        return {"tensor": {"shape": list(t.shape), "dtype": str(t.dtype), "device": str(t.device)},
-                "head": t.flatten()[:_MAX_ITEMS].cpu().tolist()}
+        return {
+            "tensor": {"shape": list(t.shape), "dtype": str(t.dtype), "device": str(t.device)},
+            "head": t.flatten()[:_MAX_ITEMS].cpu().tolist(),
+        }
     if mod == "numpy" or mod.startswith("numpy."):
         if hasattr(obj, "shape") and obj.shape != ():
             if obj.size <= _MAX_ITEMS:
                 return obj.tolist()
-            return {"ndarray": {"shape": list(obj.shape), "dtype": str(obj.dtype)},
-                    "head": obj.reshape(-1)[:_MAX_ITEMS].tolist()}
+            return {
+                "ndarray": {"shape": list(obj.shape), "dtype": str(obj.dtype)},
+                "head": obj.reshape(-1)[:_MAX_ITEMS].tolist(),
+            }
         if hasattr(obj, "item"):
             return obj.item()
     if isinstance(obj, (bytes, bytearray, memoryview)):
@@ -139,8 +143,11 @@ _getrecursionlimit = sys.getrecursionlimit
 #: the recursion limit costs ~0.5 ms; with the map, a few microseconds)
 _CAREFUL_CALLS = 10_000
 _careful = 0
-_ENCODER = (None if _c_make_encoder is None else
-            _c_make_encoder(None, _fallback, _encode_basestring, None, ": ", ", ", False, False, False))
+_ENCODER = (
+    None
+    if _c_make_encoder is None
+    else _c_make_encoder(None, _fallback, _encode_basestring, None, ": ", ", ", False, False, False)
+)
 
 
 def _dumps(obj: Any) -> str:

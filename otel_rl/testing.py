@@ -96,8 +96,9 @@ class CaptureExporter(Exporter):
     def generations(self) -> list[Generations]:
         return self.of_type(Generations)
 
-    def trajectories(self, step: int | None = None, sample_index: int | None = None,
-                     validate: bool | None = None) -> list[Trajectory]:
+    def trajectories(
+        self, step: int | None = None, sample_index: int | None = None, validate: bool | None = None
+    ) -> list[Trajectory]:
         out = [t for t in self.of_type(Trajectory) if t.root.kind != "CHAIN" or t.sample_index is not None]
         if step is not None:
             out = [t for t in out if t.step == step]

@@ -18,7 +18,7 @@ for d in exporters/*/; do
   [ -f "$d/pyproject.toml" ] && EXPORTERS+=(-e "$d")
 done
 if [ "${1:-}" = "--test" ]; then
-  "${PIP[@]}" -e ".[test,all,docs]" "${EXPORTERS[@]}"
+  "${PIP[@]}" -e ".[test,all,docs,lint]" "${EXPORTERS[@]}"
   # the real verl package for the compatibility tests: without its GPU stack (--no-deps), plus
   # the light packages `import verl` needs; and Ray for the distributed tests
   "${PIP[@]}" --no-deps "verl==0.9.1" "tensordict==0.10.0" "pyvers<0.2"

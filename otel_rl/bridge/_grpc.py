@@ -15,8 +15,8 @@ from concurrent import futures
 from typing import Any
 
 from .core import Busy
-from .sinks import Raw
 from .decode import DecodeError
+from .sinks import Raw
 
 _log = logging.getLogger("otel_rl.bridge")
 
@@ -33,16 +33,20 @@ class GrpcReceiver:
         s = bridge.settings
         self.server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=max(1, s.grpc_workers), thread_name_prefix="otel-rl-bridge-grpc"),
-            options=[("grpc.max_receive_message_length", int(s.max_decompressed_bytes)),
-                     ("grpc.max_send_message_length", 1 << 20),
-                     ("grpc.so_reuseport", 0)],
+            options=[
+                ("grpc.max_receive_message_length", int(s.max_decompressed_bytes)),
+                ("grpc.max_send_message_length", 1 << 20),
+                ("grpc.so_reuseport", 0),
+            ],
             maximum_concurrent_rpcs=max(1, s.max_connections),
         )
         handlers = [
-            grpc.method_handlers_generic_handler(TRACE_SERVICE, {
-                "Export": grpc.unary_unary_rpc_method_handler(self._export("traces"))}),
-            grpc.method_handlers_generic_handler(METRICS_SERVICE, {
-                "Export": grpc.unary_unary_rpc_method_handler(self._export("metrics"))}),
+            grpc.method_handlers_generic_handler(
+                TRACE_SERVICE, {"Export": grpc.unary_unary_rpc_method_handler(self._export("traces"))}
+            ),
+            grpc.method_handlers_generic_handler(
+                METRICS_SERVICE, {"Export": grpc.unary_unary_rpc_method_handler(self._export("metrics"))}
+            ),
         ]
         self.server.add_generic_rpc_handlers(handlers)
         host, port = address
@@ -66,7 +70,9 @@ class GrpcReceiver:
         if signal == "traces":
             from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse as Resp
         else:
-            from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceResponse as Resp
+            from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+                ExportMetricsServiceResponse as Resp,
+            )
         path = f"/v1/{signal}"
 
         def export(request: bytes, context: Any) -> bytes:
@@ -85,8 +91,13 @@ class GrpcReceiver:
             code = message = None
             try:
                 counters.add(counters.bytes, ("grpc", signal), len(request))
-                result = bridge.ingest(signal, request, json_body=False, transport="grpc",
-                                       raw=Raw(path, request, "application/x-protobuf", ""))
+                result = bridge.ingest(
+                    signal,
+                    request,
+                    json_body=False,
+                    transport="grpc",
+                    raw=Raw(path, request, "application/x-protobuf", ""),
+                )
             except DecodeError as exc:
                 counters.request("grpc", signal, "rejected", "malformed")
                 code, message = grpc.StatusCode.INVALID_ARGUMENT, str(exc)

@@ -32,8 +32,8 @@ from typing import Any
 
 from ._inflate import HttpError, decompress
 from .core import Busy
-from .sinks import Raw
 from .decode import DecodeError
+from .sinks import Raw
 
 __all__ = ["HttpError", "HttpReceiver", "decompress", "tls_context"]
 
@@ -113,7 +113,7 @@ class _DeadlineSocketReader(io.RawIOBase):
         self.sock.settimeout(min(self.idle_s, left))
         try:
             return self.sock.recv_into(buf)
-        except (TimeoutError, socket.timeout):
+        except TimeoutError:
             if time.monotonic() >= self.deadline:
                 raise _Late("request not received in time") from None
             raise
@@ -233,7 +233,7 @@ class _Handler(BaseHTTPRequestHandler):
         except _Late:
             self.close_connection = True
             self._too_late()
-        except (TimeoutError, socket.timeout):
+        except TimeoutError:
             self.close_connection = True
         except (OSError, ssl.SSLError, ValueError):
             self.close_connection = True
@@ -241,14 +241,19 @@ class _Handler(BaseHTTPRequestHandler):
     def _too_late(self) -> None:
         """A request that did not arrive whole in time: 408 (when nothing was answered yet), then close."""
         self.counted("request_timeout")
-        _log.debug("otel-rl bridge http %s: request not received within %ss; closing", self.client_address[0],
-                   self.server.settings.request_timeout_s)
+        _log.debug(
+            "otel-rl bridge http %s: request not received within %ss; closing",
+            self.client_address[0],
+            self.server.settings.request_timeout_s,
+        )
         if getattr(self, "_answered", False):
             return
         try:
             self.request.settimeout(1.0)
-            self.request.sendall(b"HTTP/1.1 408 Request Timeout\r\nContent-Type: text/plain; charset=utf-8\r\n"
-                                 b"Content-Length: 28\r\nConnection: close\r\n\r\nrequest not received in time\n")
+            self.request.sendall(
+                b"HTTP/1.1 408 Request Timeout\r\nContent-Type: text/plain; charset=utf-8\r\n"
+                b"Content-Length: 28\r\nConnection: close\r\n\r\nrequest not received in time\n"
+            )
         except (OSError, ValueError):
             pass
 
@@ -280,8 +285,9 @@ class _Handler(BaseHTTPRequestHandler):
         signal = PATHS.get(self.path.split("?", 1)[0], "other") if getattr(self, "path", None) else "other"
         self.server.bridge.counters.request("http", signal, outcome, reason)
 
-    def _send(self, code: int, body: bytes, ctype: str, headers: dict[str, str] | None = None,
-              close: bool = False) -> None:
+    def _send(
+        self, code: int, body: bytes, ctype: str, headers: dict[str, str] | None = None, close: bool = False
+    ) -> None:
         self._reader.disarm()  # what is left to read of a refused body is not read under the deadline
         self._answered = True
         self.send_response(code)
@@ -298,8 +304,9 @@ class _Handler(BaseHTTPRequestHandler):
         if self.command != "HEAD":
             self.wfile.write(body)
 
-    def _fail(self, code: int, reason: str, message: str, headers: dict[str, str] | None = None,
-              close: bool = False) -> None:
+    def _fail(
+        self, code: int, reason: str, message: str, headers: dict[str, str] | None = None, close: bool = False
+    ) -> None:
         self.counted(reason)
         if not self._body_read and not close:
             close = not self._discard_body()
@@ -413,8 +420,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if not bridge.authorized(self.headers.get("Authorization")):
             # answered before the body, which is never read (the connection closes after the answer)
-            self._fail(401, "unauthorized", "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"},
-                       close=True)
+            self._fail(401, "unauthorized", "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"}, close=True)
             return
         if not bridge.enter():
             self._fail(503, "shutting_down", "shutting down", {"Retry-After": "5"}, close=True)
@@ -430,13 +436,20 @@ class _Handler(BaseHTTPRequestHandler):
                 elif media in _JSON:
                     json_body = True
                 else:
-                    raise HttpError(415, "unsupported_media_type",
-                                    "Content-Type must be application/x-protobuf or application/json")
+                    raise HttpError(
+                        415, "unsupported_media_type", "Content-Type must be application/x-protobuf or application/json"
+                    )
                 encoding = self.headers.get("Content-Encoding") or ""
-                body = decompress(raw, encoding, settings.max_decompressed_bytes, settings.max_decompression_ratio,
-                                  lease)
-                result = bridge.ingest(signal, body, json_body=json_body, transport="http",
-                                       raw=Raw(path, raw, self.headers.get("Content-Type") or "", encoding))
+                body = decompress(
+                    raw, encoding, settings.max_decompressed_bytes, settings.max_decompression_ratio, lease
+                )
+                result = bridge.ingest(
+                    signal,
+                    body,
+                    json_body=json_body,
+                    transport="http",
+                    raw=Raw(path, raw, self.headers.get("Content-Type") or "", encoding),
+                )
             except HttpError as exc:
                 lease.close()  # (what a refused body inflated to is already freed: see decompress)
                 self._fail(exc.code, exc.reason, exc.message, exc.headers, close=exc.close)
@@ -504,8 +517,10 @@ class _Server(ThreadingHTTPServer):
         try:  # over the limit: a short answer, then close (this runs on the accept thread: no waiting)
             request.setblocking(False)
             if not isinstance(request, ssl.SSLSocket):
-                request.send(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nRetry-After: 1\r\n"
-                             b"Connection: close\r\n\r\n")
+                request.send(
+                    b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nRetry-After: 1\r\n"
+                    b"Connection: close\r\n\r\n"
+                )
         except OSError:
             pass
         self.bridge.counters.request("http", "other", "rejected", "too_many_connections")
@@ -561,8 +576,9 @@ class HttpReceiver:
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.2},
-                                        name="otel-rl-bridge-http", daemon=True)
+        self._thread = threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.2}, name="otel-rl-bridge-http", daemon=True
+        )
         self._thread.start()
 
     def stop(self) -> None:

@@ -20,8 +20,9 @@ STEP = 256 << 10  # inflated bytes per step: what a request may hold beyond its 
 class HttpError(Exception):
     """A request refused with an HTTP status (`reason` labels the bridge's request counter)."""
 
-    def __init__(self, code: int, reason: str, message: str, close: bool = False,
-                 headers: dict[str, str] | None = None):
+    def __init__(
+        self, code: int, reason: str, message: str, close: bool = False, headers: dict[str, str] | None = None
+    ):
         super().__init__(message)
         self.code = code
         self.reason = reason
@@ -83,8 +84,9 @@ class Lease:
         self.close()
 
 
-def decompress(body: bytes, encoding: str, max_out: int, max_ratio: float,
-               lease: Lease | None = None) -> bytes | bytearray:
+def decompress(
+    body: bytes, encoding: str, max_out: int, max_ratio: float, lease: Lease | None = None
+) -> bytes | bytearray:
     """Inflate `body` (gzip or deflate), never producing more than the limits (and `lease`) allow.
 
     Returns `body` itself for no encoding, else a bytearray (the decoders take it as it is: no copy).
@@ -107,8 +109,9 @@ def decompress(body: bytes, encoding: str, max_out: int, max_ratio: float,
         raise
 
 
-def _inflate(body: bytes, enc: str, wbits: int, limit: int, max_out: int, out: bytearray,
-             lease: Lease | None) -> bytearray:
+def _inflate(
+    body: bytes, enc: str, wbits: int, limit: int, max_out: int, out: bytearray, lease: Lease | None
+) -> bytearray:
     data = body
     while True:  # one gzip member (or the one zlib / raw deflate stream) per round
         d = zlib.decompressobj(wbits)
@@ -116,8 +119,12 @@ def _inflate(body: bytes, enc: str, wbits: int, limit: int, max_out: int, out: b
             while True:
                 want = min(STEP, limit - len(out) + 1)
                 if lease is not None and not lease.grow(want):
-                    raise HttpError(503, "decompression_budget", "too much being decompressed at once; retry",
-                                    headers={"Retry-After": "1"})
+                    raise HttpError(
+                        503,
+                        "decompression_budget",
+                        "too much being decompressed at once; retry",
+                        headers={"Retry-After": "1"},
+                    )
                 chunk = d.decompress(data, want)
                 out += chunk
                 if len(out) > limit:

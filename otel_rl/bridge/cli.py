@@ -64,58 +64,134 @@ def _headers_from_env(name: str | None) -> dict[str, str]:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     env = os.environ.get
-    p.description = ("Receive OTLP (HTTP and gRPC) from trainers or an OpenTelemetry Collector and deliver it to the "
-                     "tracker exporters, one tracker run per run identity. Stops cleanly on SIGTERM.")
+    p.description = (
+        "Receive OTLP (HTTP and gRPC) from trainers or an OpenTelemetry Collector and deliver it to the "
+        "tracker exporters, one tracker run per run identity. Stops cleanly on SIGTERM."
+    )
     g = p.add_argument_group("receivers")
-    g.add_argument("--http-address", default=env("OTEL_RL_BRIDGE_HTTP_ADDRESS", "127.0.0.1:4318"), metavar="HOST:PORT",
-                   help="OTLP/HTTP listen address (default %(default)s; 'off' to disable; port 0 picks one)")
-    g.add_argument("--grpc-address", default=env("OTEL_RL_BRIDGE_GRPC_ADDRESS", "127.0.0.1:4317"), metavar="HOST:PORT",
-                   help="OTLP/gRPC listen address (default %(default)s; 'off' to disable)")
+    g.add_argument(
+        "--http-address",
+        default=env("OTEL_RL_BRIDGE_HTTP_ADDRESS", "127.0.0.1:4318"),
+        metavar="HOST:PORT",
+        help="OTLP/HTTP listen address (default %(default)s; 'off' to disable; port 0 picks one)",
+    )
+    g.add_argument(
+        "--grpc-address",
+        default=env("OTEL_RL_BRIDGE_GRPC_ADDRESS", "127.0.0.1:4317"),
+        metavar="HOST:PORT",
+        help="OTLP/gRPC listen address (default %(default)s; 'off' to disable)",
+    )
     g = p.add_argument_group("delivery")
-    g.add_argument("--exporters", default=env("OTEL_RL_BRIDGE_EXPORTERS", "console"), metavar="NAMES",
-                   help="comma-separated exporter names, e.g. mlflow,wandb,swanlab ('discard' drops everything; "
-                        "default %(default)s)")
-    g.add_argument("--trace-backend", default=env("OTEL_RL_TRACE_BACKEND") or None, metavar="NAME",
-                   help="the exporter that receives trajectories (verl's rollout.trace.backend), e.g. mlflow")
-    g.add_argument("--root-grace", type=float, default=1.0, metavar="SECONDS",
-                   help="hold each root span this long so children arriving after it (out of order behind a "
-                        "Collector) still join its trajectory (default %(default)s; 0: off)")
+    g.add_argument(
+        "--exporters",
+        default=env("OTEL_RL_BRIDGE_EXPORTERS", "console"),
+        metavar="NAMES",
+        help="comma-separated exporter names, e.g. mlflow,wandb,swanlab ('discard' drops everything; "
+        "default %(default)s)",
+    )
+    g.add_argument(
+        "--trace-backend",
+        default=env("OTEL_RL_TRACE_BACKEND") or None,
+        metavar="NAME",
+        help="the exporter that receives trajectories (verl's rollout.trace.backend), e.g. mlflow",
+    )
+    g.add_argument(
+        "--root-grace",
+        type=float,
+        default=1.0,
+        metavar="SECONDS",
+        help="hold each root span this long so children arriving after it (out of order behind a "
+        "Collector) still join its trajectory (default %(default)s; 0: off)",
+    )
     g.add_argument("--queue-size", type=int, default=100_000, help="items per exporter queue (default %(default)s)")
-    g.add_argument("--batch-delay", type=float, default=0.2, metavar="SECONDS",
-                   help="pipeline batching delay (default %(default)s)")
-    g.add_argument("--forward-endpoint", default=None, metavar="URL",
-                   help="also forward every accepted request body, as received, to this OTLP/HTTP base URL")
-    g.add_argument("--forward-headers-env", default=None, metavar="NAME",
-                   help="environment variable with headers for the forward endpoint, 'k=v,k2=v2'")
+    g.add_argument(
+        "--batch-delay",
+        type=float,
+        default=0.2,
+        metavar="SECONDS",
+        help="pipeline batching delay (default %(default)s)",
+    )
+    g.add_argument(
+        "--forward-endpoint",
+        default=None,
+        metavar="URL",
+        help="also forward every accepted request body, as received, to this OTLP/HTTP base URL",
+    )
+    g.add_argument(
+        "--forward-headers-env",
+        default=None,
+        metavar="NAME",
+        help="environment variable with headers for the forward endpoint, 'k=v,k2=v2'",
+    )
     g.add_argument("--forward-queue-mib", type=int, default=256, help="forward queue bound in MiB (default 256)")
     g = p.add_argument_group("security")
-    g.add_argument("--auth-token-env", default=None, metavar="NAME",
-                   help="require 'Authorization: Bearer <token>' with the token read from this environment variable")
-    g.add_argument("--tls-cert", default=None, metavar="PEM", help="serve HTTPS and gRPC over TLS with this certificate")
+    g.add_argument(
+        "--auth-token-env",
+        default=None,
+        metavar="NAME",
+        help="require 'Authorization: Bearer <token>' with the token read from this environment variable",
+    )
+    g.add_argument(
+        "--tls-cert", default=None, metavar="PEM", help="serve HTTPS and gRPC over TLS with this certificate"
+    )
     g.add_argument("--tls-key", default=None, metavar="PEM", help="private key of --tls-cert")
     g.add_argument("--max-body-mib", type=float, default=20.0, help="largest request body as sent (default 20)")
-    g.add_argument("--max-decompressed-mib", type=float, default=64.0,
-                   help="largest request body after decompression (default 64)")
-    g.add_argument("--max-decompression-ratio", type=float, default=200.0,
-                   help="largest inflate ratio for bodies above 1 MiB decompressed (default 200)")
-    g.add_argument("--decompression-budget-mib", type=float, default=256.0,
-                   help="what all requests together may hold decompressed at once; beyond it a request gets a "
-                        "retryable 503 (default 256; at least --max-decompressed-mib)")
+    g.add_argument(
+        "--max-decompressed-mib", type=float, default=64.0, help="largest request body after decompression (default 64)"
+    )
+    g.add_argument(
+        "--max-decompression-ratio",
+        type=float,
+        default=200.0,
+        help="largest inflate ratio for bodies above 1 MiB decompressed (default 200)",
+    )
+    g.add_argument(
+        "--decompression-budget-mib",
+        type=float,
+        default=256.0,
+        help="what all requests together may hold decompressed at once; beyond it a request gets a "
+        "retryable 503 (default 256; at least --max-decompressed-mib)",
+    )
     g.add_argument("--max-connections", type=int, default=256, help="concurrent connections / gRPC calls (default 256)")
-    g.add_argument("--idle-timeout", type=float, default=30.0, metavar="SECONDS",
-                   help="close a connection idle (or stalled mid-request) this long (default 30)")
-    g.add_argument("--request-timeout", type=float, default=30.0, metavar="SECONDS",
-                   help="a request (line, headers and body) must arrive whole within this time of its first byte; "
-                        "408 and close beyond (default 30)")
+    g.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="close a connection idle (or stalled mid-request) this long (default 30)",
+    )
+    g.add_argument(
+        "--request-timeout",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="a request (line, headers and body) must arrive whole within this time of its first byte; "
+        "408 and close beyond (default 30)",
+    )
     g = p.add_argument_group("operations")
-    g.add_argument("--prometheus-port", type=int, default=None,
-                   help="serve the bridge's own metrics for Prometheus on this port (0 picks one; off by default)")
-    g.add_argument("--prometheus-host", default="127.0.0.1", help="address of the metrics endpoint (default %(default)s)")
-    g.add_argument("--shutdown-timeout", type=float, default=60.0, metavar="SECONDS",
-                   help="on SIGTERM, time allowed to deliver what was received (default %(default)s)")
+    g.add_argument(
+        "--prometheus-port",
+        type=int,
+        default=None,
+        help="serve the bridge's own metrics for Prometheus on this port (0 picks one; off by default)",
+    )
+    g.add_argument(
+        "--prometheus-host", default="127.0.0.1", help="address of the metrics endpoint (default %(default)s)"
+    )
+    g.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="on SIGTERM, time allowed to deliver what was received (default %(default)s)",
+    )
     g.add_argument("--grpc-workers", type=int, default=4, help="gRPC worker threads (default %(default)s)")
-    g.add_argument("--log-level", default=env("OTEL_RL_BRIDGE_LOG_LEVEL", "info"),
-                   choices=["debug", "info", "warning", "error"], help="default %(default)s")
+    g.add_argument(
+        "--log-level",
+        default=env("OTEL_RL_BRIDGE_LOG_LEVEL", "info"),
+        choices=["debug", "info", "warning", "error"],
+        help="default %(default)s",
+    )
 
 
 def settings_from_args(args: Any) -> Settings:
@@ -186,8 +262,11 @@ def _install_hint(exc: BaseException) -> str:
 
 
 def run(args: Any) -> int:
-    logging.basicConfig(level=getattr(logging, args.log_level.upper()), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=getattr(logging, args.log_level.upper()),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     logging.getLogger("otel_rl").setLevel(getattr(logging, args.log_level.upper()))
     from .core import Bridge, summary_line
 
@@ -199,8 +278,11 @@ def run(args: Any) -> int:
     for addr in (settings.http_address, settings.grpc_address):
         if addr is not None and not is_loopback(addr[0]):
             if settings.auth_token is None:
-                _log.warning("otel-rl bridge: listening on %s without --auth-token-env: anyone who can reach it can "
-                             "write to your trackers", addr[0])
+                _log.warning(
+                    "otel-rl bridge: listening on %s without --auth-token-env: anyone who can reach it can "
+                    "write to your trackers",
+                    addr[0],
+                )
             if not settings.tls_cert:
                 _log.warning("otel-rl bridge: listening on %s without TLS (--tls-cert/--tls-key)", addr[0])
     stop = threading.Event()

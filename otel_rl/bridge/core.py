@@ -239,17 +239,25 @@ class Bridge:
         from ..config import resolve
 
         self.settings = settings
-        self.config = config if config is not None else resolve(
-            exporters=[], trace_backend=settings.trace_backend, queue_size=settings.queue_size,
-            batch_delay_s=settings.batch_delay_s)
+        self.config = (
+            config
+            if config is not None
+            else resolve(
+                exporters=[],
+                trace_backend=settings.trace_backend,
+                queue_size=settings.queue_size,
+                batch_delay_s=settings.batch_delay_s,
+            )
+        )
         self.counters = Counters()
         self._meter_provider: Any = None
         self._prometheus: Any = None
         inner = list(exporters) if exporters is not None else create_exporters(settings.exporters, self.config)
         latency = self._start_metrics()
         self.exporters = [e if isinstance(e, Delivered) else Delivered(e, latency) for e in inner]
-        self.pipeline = Pipeline(self.config, Resource({}), self.exporters, None,
-                                 InstrumentationScope("otel_rl.bridge", __version__))
+        self.pipeline = Pipeline(
+            self.config, Resource({}), self.exporters, None, InstrumentationScope("otel_rl.bridge", __version__)
+        )
         self.roots = RootHold(self.pipeline.submit, settings.root_grace_s) if settings.root_grace_s > 0 else None
         self.forward: DeliveryQueue | None = None
         if settings.forward_endpoint:
@@ -290,12 +298,15 @@ class Bridge:
         return self._prometheus.port if self._prometheus is not None else None
 
     def addresses(self) -> dict[str, Any]:
-        return {"http": f"{self.http.host}:{self.http.port}" if self.http else None,
-                "grpc": f"{self.grpc.host}:{self.grpc.port}" if self.grpc else None,
-                "prometheus": f"{self.settings.prometheus_host}:{self.prometheus_port}" if self._prometheus else None,
-                "tls": bool(self.settings.tls_cert), "auth": self._token is not None,
-                "exporters": [e.name for e in self.exporters],
-                "forward": self.settings.forward_endpoint}
+        return {
+            "http": f"{self.http.host}:{self.http.port}" if self.http else None,
+            "grpc": f"{self.grpc.host}:{self.grpc.port}" if self.grpc else None,
+            "prometheus": f"{self.settings.prometheus_host}:{self.prometheus_port}" if self._prometheus else None,
+            "tls": bool(self.settings.tls_cert),
+            "auth": self._token is not None,
+            "exporters": [e.name for e in self.exporters],
+            "forward": self.settings.forward_endpoint,
+        }
 
     def _close_receivers(self, grace_s: float) -> None:
         if self.grpc is not None:
@@ -396,13 +407,18 @@ class Bridge:
                 self._state_lock.notify_all()
 
     # -- ingest -------------------------------------------------------------------------------
-    def ingest(self, signal: str, body: bytes, *, json_body: bool, transport: str,
-               raw: Raw | None = None) -> IngestResult:
+    def ingest(
+        self, signal: str, body: bytes, *, json_body: bool, transport: str, raw: Raw | None = None
+    ) -> IngestResult:
         """Decode one request body and hand it over.  Raises `DecodeError` (400) or `Busy` (503)."""
         if signal == "traces":
             if self.backlog() >= self._busy_at:
-                warn_once("bridge-busy", "otel-rl bridge: exporters are behind (backlog >= %d items); refusing "
-                          "requests with a retryable status until they catch up", self._busy_at)
+                warn_once(
+                    "bridge-busy",
+                    "otel-rl bridge: exporters are behind (backlog >= %d items); refusing "
+                    "requests with a retryable status until they catch up",
+                    self._busy_at,
+                )
                 raise Busy("exporters are behind; retry later")
             decoded = _decode.decode_traces(body, json_body)
             self._note_runs(decoded.resources, transport)
@@ -415,17 +431,27 @@ class Bridge:
             self.counters.add(self.counters.spans, (transport, "accepted", ""), len(decoded.spans))
             for reason, n in decoded.reasons.items():
                 self.counters.add(self.counters.spans, (transport, "rejected", reason), n)
-                warn_once(f"bridge-rejected-spans:{reason}", "otel-rl bridge: rejected span(s): %s; the rest of "
-                          "their request was accepted (further ones are counted, not logged)", reason)
-            result = IngestResult(len(decoded.spans), decoded.rejected,
-                                  decoded.error_message() if decoded.rejected else "")
+                warn_once(
+                    f"bridge-rejected-spans:{reason}",
+                    "otel-rl bridge: rejected span(s): %s; the rest of "
+                    "their request was accepted (further ones are counted, not logged)",
+                    reason,
+                )
+            result = IngestResult(
+                len(decoded.spans), decoded.rejected, decoded.error_message() if decoded.rejected else ""
+            )
         else:
             summary = _decode.decode_metrics(body, json_body)
             self.counters.add(self.counters.points, transport, summary.points)
             for project, experiment, run_id in summary.runs:
                 self._note_run(RunIdentity(project, experiment, run_id), transport, "metrics")
-            _log.debug("otel-rl bridge: %d metric points (%d metrics) from %d resources via %s",
-                       summary.points, summary.metrics, summary.resources, transport)
+            _log.debug(
+                "otel-rl bridge: %d metric points (%d metrics) from %d resources via %s",
+                summary.points,
+                summary.metrics,
+                summary.resources,
+                transport,
+            )
             result = IngestResult(summary.points, 0, "")
         if self.forward is not None and raw is not None:
             self.forward.put([], SizedBatch([raw]))
@@ -442,8 +468,14 @@ class Bridge:
             if ident in self.counters.runs or len(self.counters.runs) >= 100_000:
                 return
             self.counters.runs.add(ident)
-        _log.info("otel-rl bridge: %s of run %r (project %r, experiment %r) via %s", what, ident.run_id,
-                  ident.project, ident.experiment, transport)
+        _log.info(
+            "otel-rl bridge: %s of run %r (project %r, experiment %r) via %s",
+            what,
+            ident.run_id,
+            ident.project,
+            ident.experiment,
+            transport,
+        )
 
     # -- the bridge's own metrics ---------------------------------------------------------------
     def _start_metrics(self) -> Any:
@@ -460,12 +492,14 @@ class Bridge:
         from .. import __version__
         from ..exporters.prometheus import PrometheusExporter
 
-        self._prometheus = PrometheusExporter(SimpleNamespace(prometheus_host=s.prometheus_host,
-                                                              prometheus_port=s.prometheus_port))
+        self._prometheus = PrometheusExporter(
+            SimpleNamespace(prometheus_host=s.prometheus_host, prometheus_port=s.prometheus_port)
+        )
         self._meter_provider = MeterProvider(
             resource=Resource({sc.SERVICE_NAME: "otel-rl-bridge"}),
             metric_readers=self._prometheus.metric_readers(),
-            views=[View(instrument_name=M_LATENCY, aggregation=ExplicitBucketHistogramAggregation(LATENCY_BUCKETS))])
+            views=[View(instrument_name=M_LATENCY, aggregation=ExplicitBucketHistogramAggregation(LATENCY_BUCKETS))],
+        )
         meter = self._meter_provider.get_meter("otel_rl.bridge", __version__)
         c = self.counters
 
@@ -474,42 +508,79 @@ class Bridge:
                 with c.lock:
                     items = list(getattr(c, table_name).items())
                 return [Observation(n, labels(k)) for k, n in items]
+
             return cb
 
         meter.create_observable_counter(
-            M_REQUESTS, [obs("requests", lambda k: {"transport": k[0], "signal": k[1], "outcome": k[2],
-                                                     "reason": k[3]})],
-            unit="{request}", description="OTLP requests, by outcome (accepted/rejected) and rejection reason")
+            M_REQUESTS,
+            [obs("requests", lambda k: {"transport": k[0], "signal": k[1], "outcome": k[2], "reason": k[3]})],
+            unit="{request}",
+            description="OTLP requests, by outcome (accepted/rejected) and rejection reason",
+        )
         meter.create_observable_counter(
-            M_SPANS, [obs("spans", lambda k: {"transport": k[0], "outcome": k[1], "reason": k[2]})], unit="{span}",
-            description="Spans received: accepted into the pipeline, or rejected (invalid ids, wrong rl.* types)")
-        meter.create_observable_counter(M_METRIC_POINTS, [obs("points", lambda k: {"transport": k})],
-                                        unit="{point}", description="Metric data points received (counted, forwarded)")
-        meter.create_observable_counter(M_BYTES, [obs("bytes", lambda k: {"transport": k[0], "signal": k[1]})],
-                                        unit="By", description="Request body bytes read (as sent, before decompression)")
-        meter.create_observable_gauge(M_RUNS, [lambda o: [Observation(len(c.runs))]], unit="{run}",
-                                      description="Distinct run identities seen")
-        meter.create_observable_gauge(M_BACKLOG, [lambda o: [Observation(self.backlog())]], unit="{item}",
-                                      description="Spans waiting for the pipeline plus the longest exporter queue")
-        meter.create_observable_counter(M_PIPELINE_DROPPED, [lambda o: [Observation(self.pipeline.dropped)]],
-                                        unit="{span}", description="Spans dropped because the pipeline queue was full")
+            M_SPANS,
+            [obs("spans", lambda k: {"transport": k[0], "outcome": k[1], "reason": k[2]})],
+            unit="{span}",
+            description="Spans received: accepted into the pipeline, or rejected (invalid ids, wrong rl.* types)",
+        )
+        meter.create_observable_counter(
+            M_METRIC_POINTS,
+            [obs("points", lambda k: {"transport": k})],
+            unit="{point}",
+            description="Metric data points received (counted, forwarded)",
+        )
+        meter.create_observable_counter(
+            M_BYTES,
+            [obs("bytes", lambda k: {"transport": k[0], "signal": k[1]})],
+            unit="By",
+            description="Request body bytes read (as sent, before decompression)",
+        )
+        meter.create_observable_gauge(
+            M_RUNS, [lambda o: [Observation(len(c.runs))]], unit="{run}", description="Distinct run identities seen"
+        )
+        meter.create_observable_gauge(
+            M_BACKLOG,
+            [lambda o: [Observation(self.backlog())]],
+            unit="{item}",
+            description="Spans waiting for the pipeline plus the longest exporter queue",
+        )
+        meter.create_observable_counter(
+            M_PIPELINE_DROPPED,
+            [lambda o: [Observation(self.pipeline.dropped)]],
+            unit="{span}",
+            description="Spans dropped because the pipeline queue was full",
+        )
 
         def items(options: CallbackOptions) -> list[Observation]:
             out = []
             for q in self.queues():
-                for outcome, value in (("exported", q.stats.exported), ("failed", q.stats.failed_attempts),
-                                       ("dropped", q.stats.dropped), ("retried", q.stats.retried)):
+                for outcome, value in (
+                    ("exported", q.stats.exported),
+                    ("failed", q.stats.failed_attempts),
+                    ("dropped", q.stats.dropped),
+                    ("retried", q.stats.retried),
+                ):
                     out.append(Observation(value, {sc.EXPORTER: q.name, sc.OUTCOME: outcome}))
             return out
 
-        meter.create_observable_counter(sc.METRIC_EXPORT_ITEMS, [items], unit="{item}",
-                                        description="Items handled by each exporter, by outcome (forward: KiB)")
+        meter.create_observable_counter(
+            sc.METRIC_EXPORT_ITEMS,
+            [items],
+            unit="{item}",
+            description="Items handled by each exporter, by outcome (forward: KiB)",
+        )
         meter.create_observable_gauge(
-            sc.METRIC_EXPORT_QUEUED, [lambda o: [Observation(q.stats.queued, {sc.EXPORTER: q.name})
-                                                 for q in self.queues()]],
-            unit="{item}", description="Items waiting in each exporter's queue (forward: KiB)")
-        return meter.create_histogram(M_LATENCY, unit="s", description="Per delivered batch: time from the end of "
-                                      "its oldest span (in the trainer) to the exporter having written it")
+            sc.METRIC_EXPORT_QUEUED,
+            [lambda o: [Observation(q.stats.queued, {sc.EXPORTER: q.name}) for q in self.queues()]],
+            unit="{item}",
+            description="Items waiting in each exporter's queue (forward: KiB)",
+        )
+        return meter.create_histogram(
+            M_LATENCY,
+            unit="s",
+            description="Per delivered batch: time from the end of "
+            "its oldest span (in the trainer) to the exporter having written it",
+        )
 
 
 def summary_line(event: str, **fields: Any) -> str:

@@ -200,8 +200,10 @@ class _Cache:
         if res is None:
             if len(self.resources) >= self.limit:
                 self.resources.clear()
-            res = Resource(_with_dropped(attributes(rs.resource.attributes), rs.resource.dropped_attributes_count),
-                           rs.schema_url or None)
+            res = Resource(
+                _with_dropped(attributes(rs.resource.attributes), rs.resource.dropped_attributes_count),
+                rs.schema_url or None,
+            )
             # Resource() copies the attributes into its own BoundedAttributes (values as they are)
             self.resources[key] = res
         return res
@@ -218,8 +220,9 @@ class _Cache:
         if not sc.name and not sc.version and not sc.attributes and not ss.schema_url:
             scope = None  # the SDK encodes a span without a scope as an empty scope
         else:
-            scope = InstrumentationScope(sc.name, sc.version or None, ss.schema_url or None,
-                                         attributes(sc.attributes) if sc.attributes else None)
+            scope = InstrumentationScope(
+                sc.name, sc.version or None, ss.schema_url or None, attributes(sc.attributes) if sc.attributes else None
+            )
         self.scopes[key] = scope
         return scope
 
@@ -228,8 +231,13 @@ _cache = _Cache()
 
 
 def _context(trace_id: int, span_id: bytes, flags: int, state: str, remote: bool) -> SpanContext:
-    return SpanContext(trace_id, int.from_bytes(span_id, "big"), is_remote=remote,
-                       trace_flags=_FLAGS[flags & FLAGS_TRACE_FLAGS_MASK], trace_state=_trace_state(state))
+    return SpanContext(
+        trace_id,
+        int.from_bytes(span_id, "big"),
+        is_remote=remote,
+        trace_flags=_FLAGS[flags & FLAGS_TRACE_FLAGS_MASK],
+        trace_state=_trace_state(state),
+    )
 
 
 def _is_remote(flags: int) -> bool:
@@ -269,8 +277,11 @@ def spans_from_request(req: Any, out: DecodedTraces | None = None, cache: _Cache
                 trace_flags = _FLAGS[flags & FLAGS_TRACE_FLAGS_MASK]
                 state = _trace_state(s.trace_state)
                 ctx = SpanContext(trace_id, int.from_bytes(sid, "big"), False, trace_flags, state)
-                parent = SpanContext(trace_id, int.from_bytes(psid, "big"), _is_remote(flags), trace_flags,
-                                     state) if psid else None
+                parent = (
+                    SpanContext(trace_id, int.from_bytes(psid, "big"), _is_remote(flags), trace_flags, state)
+                    if psid
+                    else None
+                )
                 links: Any = ()
                 if s.links:
                     links = []
@@ -280,9 +291,12 @@ def spans_from_request(req: Any, out: DecodedTraces | None = None, cache: _Cache
                         if len(lt) != 16 or len(ls) != 8:
                             bad = True
                             break
-                        links.append(Link(_context(int.from_bytes(lt, "big"), ls, ln.flags, ln.trace_state,
-                                                   _is_remote(ln.flags)),
-                                          _with_dropped(attributes(ln.attributes), ln.dropped_attributes_count)))
+                        links.append(
+                            Link(
+                                _context(int.from_bytes(lt, "big"), ls, ln.flags, ln.trace_state, _is_remote(ln.flags)),
+                                _with_dropped(attributes(ln.attributes), ln.dropped_attributes_count),
+                            )
+                        )
                     if bad:
                         out.reject("link ids must be 16 and 8 bytes")
                         continue
@@ -291,8 +305,17 @@ def spans_from_request(req: Any, out: DecodedTraces | None = None, cache: _Cache
                     links = _bounded([], s.dropped_links_count)
                 events: Any = ()
                 if s.events:
-                    events = _bounded([Event(e.name, _with_dropped(attributes(e.attributes), e.dropped_attributes_count),
-                                             e.time_unix_nano) for e in s.events], s.dropped_events_count)
+                    events = _bounded(
+                        [
+                            Event(
+                                e.name,
+                                _with_dropped(attributes(e.attributes), e.dropped_attributes_count),
+                                e.time_unix_nano,
+                            )
+                            for e in s.events
+                        ],
+                        s.dropped_events_count,
+                    )
                 elif s.dropped_events_count:
                     events = _bounded([], s.dropped_events_count)
                 attrs = attributes(s.attributes)
@@ -308,20 +331,22 @@ def spans_from_request(req: Any, out: DecodedTraces | None = None, cache: _Cache
                     status = _OK  # the SDK keeps no description except for ERROR
                 else:
                     status = _UNSET
-                append(ReadableSpan(
-                    name=s.name,
-                    context=ctx,
-                    parent=parent,
-                    resource=resource,
-                    attributes=_with_dropped(attrs, s.dropped_attributes_count),
-                    events=events,
-                    links=links,
-                    kind=_KINDS.get(s.kind, SpanKind.INTERNAL),
-                    status=status,
-                    start_time=s.start_time_unix_nano,
-                    end_time=s.end_time_unix_nano,
-                    instrumentation_scope=scope,
-                ))
+                append(
+                    ReadableSpan(
+                        name=s.name,
+                        context=ctx,
+                        parent=parent,
+                        resource=resource,
+                        attributes=_with_dropped(attrs, s.dropped_attributes_count),
+                        events=events,
+                        links=links,
+                        kind=_KINDS.get(s.kind, SpanKind.INTERNAL),
+                        status=status,
+                        start_time=s.start_time_unix_nano,
+                        end_time=s.end_time_unix_nano,
+                        instrumentation_scope=scope,
+                    )
+                )
     return out
 
 
@@ -418,8 +443,13 @@ class MetricsSummary:
         self.runs: set[tuple[str, str, str]] = set()
 
 
-_POINT_FIELDS = {"gauge": "data_points", "sum": "data_points", "histogram": "data_points",
-                 "exponential_histogram": "data_points", "summary": "data_points"}
+_POINT_FIELDS = {
+    "gauge": "data_points",
+    "sum": "data_points",
+    "histogram": "data_points",
+    "exponential_histogram": "data_points",
+    "summary": "data_points",
+}
 
 
 def summarize_metrics(req: Any) -> MetricsSummary:
@@ -429,11 +459,15 @@ def summarize_metrics(req: Any) -> MetricsSummary:
     out = MetricsSummary()
     for rm in req.resource_metrics:
         out.resources += 1
-        res = {kv.key: kv.value.string_value for kv in rm.resource.attributes
-               if kv.key in (sc.RL_PROJECT_NAME, sc.RL_EXPERIMENT_NAME, sc.RL_RUN_ID)}
+        res = {
+            kv.key: kv.value.string_value
+            for kv in rm.resource.attributes
+            if kv.key in (sc.RL_PROJECT_NAME, sc.RL_EXPERIMENT_NAME, sc.RL_RUN_ID)
+        }
         if res:
-            out.runs.add((res.get(sc.RL_PROJECT_NAME, ""), res.get(sc.RL_EXPERIMENT_NAME, ""),
-                          res.get(sc.RL_RUN_ID, "")))
+            out.runs.add(
+                (res.get(sc.RL_PROJECT_NAME, ""), res.get(sc.RL_EXPERIMENT_NAME, ""), res.get(sc.RL_RUN_ID, ""))
+            )
         for sm in rm.scope_metrics:
             for m in sm.metrics:
                 out.metrics += 1

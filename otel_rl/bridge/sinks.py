@@ -70,8 +70,12 @@ class Delivered(Exporter):
             if isinstance(trainer, dict) and trainer.get("wandb_proxy"):
                 if out is records:
                     out = list(records)
-                warn_once(f"bridge-proxy:{r.run.run_id}", "otel-rl bridge: run %s names a wandb proxy in its config; "
-                          "the bridge ignores it (its own HTTPS_PROXY applies)", r.run.run_id)
+                warn_once(
+                    f"bridge-proxy:{r.run.run_id}",
+                    "otel-rl bridge: run %s names a wandb proxy in its config; "
+                    "the bridge ignores it (its own HTTPS_PROXY applies)",
+                    r.run.run_id,
+                )
                 out[i] = dataclasses.replace(r, config=dict(r.config, trainer=dict(trainer, wandb_proxy=None)))
         self._last_in, self._last_out = records, out
         return out

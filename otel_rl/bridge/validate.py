@@ -20,18 +20,29 @@ from .. import semconv as sc
 __all__ = ["resource_problem", "span_problem"]
 
 # attributes of any span that records or exporters read, with the type they must have when present
-_INTS = (sc.RL_STEP, sc.RL_SAMPLE_INDEX, sc.RL_ROLLOUT_N, sc.RL_TURN_INDEX,
-         sc.GEN_AI_USAGE_INPUT_TOKENS, sc.GEN_AI_USAGE_OUTPUT_TOKENS)
+_INTS = (
+    sc.RL_STEP,
+    sc.RL_SAMPLE_INDEX,
+    sc.RL_ROLLOUT_N,
+    sc.RL_TURN_INDEX,
+    sc.GEN_AI_USAGE_INPUT_TOKENS,
+    sc.GEN_AI_USAGE_OUTPUT_TOKENS,
+)
 _BOOLS = (sc.RL_VALIDATE,)
 _STRS = (sc.RL_SPAN_KIND, sc.RL_TRAJECTORY_NAME, sc.RL_OP_INPUTS, sc.RL_OP_OUTPUT)
 _IDENTITY = (sc.RL_PROJECT_NAME, sc.RL_EXPERIMENT_NAME, sc.RL_RUN_ID)
 
 # (keys, values, what a value must be) of a log() call's typed arrays
-_METRIC_PAIRS = ((sc.RL_METRICS_KEYS, sc.RL_METRICS_VALUES, "number"),
-                 (sc.RL_METRICS_INT_KEYS, sc.RL_METRICS_INT_VALUES, "int"),
-                 (sc.RL_METRICS_BOOL_KEYS, sc.RL_METRICS_BOOL_VALUES, "bool"))
-_GENERATIONS = ((sc.RL_GENERATIONS_INPUTS, "str"), (sc.RL_GENERATIONS_OUTPUTS, "str"),
-                (sc.RL_GENERATIONS_SCORES, "number"))
+_METRIC_PAIRS = (
+    (sc.RL_METRICS_KEYS, sc.RL_METRICS_VALUES, "number"),
+    (sc.RL_METRICS_INT_KEYS, sc.RL_METRICS_INT_VALUES, "int"),
+    (sc.RL_METRICS_BOOL_KEYS, sc.RL_METRICS_BOOL_VALUES, "bool"),
+)
+_GENERATIONS = (
+    (sc.RL_GENERATIONS_INPUTS, "str"),
+    (sc.RL_GENERATIONS_OUTPUTS, "str"),
+    (sc.RL_GENERATIONS_SCORES, "number"),
+)
 _ARTICLE = {"int": "integers", "number": "numbers", "bool": "booleans", "str": "strings"}
 
 

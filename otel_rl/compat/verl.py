@@ -53,7 +53,11 @@ from ..instrument import TrajectoryState, op, trajectory
 _log = logging.getLogger("otel_rl")
 
 __all__ = [
-    "RolloutTraceConfig", "Tracking", "ValidationGenerationsLogger", "rollout_trace_attr", "rollout_trace_op",
+    "RolloutTraceConfig",
+    "Tracking",
+    "ValidationGenerationsLogger",
+    "rollout_trace_attr",
+    "rollout_trace_op",
 ]
 
 # verl's logger names that otel-rl serves, then otel-rl's own exporters (usable in trainer.logger too)
@@ -73,8 +77,9 @@ def _names(backends: Any) -> list[str]:
 new_pipeline_settings: Any = None
 
 
-def _join_or_init(config: Any, project: str, experiment: str, exporters: list[str] | None,
-                  **settings: Any) -> tuple[Handle, bool]:
+def _join_or_init(
+    config: Any, project: str, experiment: str, exporters: list[str] | None, **settings: Any
+) -> tuple[Handle, bool]:
     """The running pipeline with `exporters` added, or a new one.  Returns (handle, created).
 
     `exporters` None: a new pipeline takes them from the environment (a worker joining a run)."""
@@ -94,10 +99,14 @@ def _join_or_init(config: Any, project: str, experiment: str, exporters: list[st
         found, backend = _get_path(plain if isinstance(plain, dict) else {}, "actor_rollout_ref.rollout.trace.backend")
         if not found or not backend or backend in (exporters or ()) or "trace_backend" in settings:
             raise
-        warn_once(f"trace-backend:{backend}", "otel-rl: rollout trace backend %r has no otel-rl exporter; "
-                  "rollouts are not traced", backend)
-        return init(config, project=project, experiment=experiment, exporters=exporters, trace_backend="",
-                    **settings), True
+        warn_once(
+            f"trace-backend:{backend}",
+            "otel-rl: rollout trace backend %r has no otel-rl exporter; rollouts are not traced",
+            backend,
+        )
+        return init(
+            config, project=project, experiment=experiment, exporters=exporters, trace_backend="", **settings
+        ), True
 
 
 # ----------------------------------------------------------------------------- Tracking
@@ -206,8 +215,11 @@ class ValidationGenerationsLogger:
     def log(self, loggers: Any, samples: Any, step: Any) -> None:
         h = current()
         if h is None or h.closed:
-            warn_once("val-gen-no-init", "otel-rl: ValidationGenerationsLogger.log() without a running otel-rl "
-                      "pipeline (create Tracking or call otel_rl.init first); nothing recorded")
+            warn_once(
+                "val-gen-no-init",
+                "otel-rl: ValidationGenerationsLogger.log() without a running otel-rl "
+                "pipeline (create Tracking or call otel_rl.init first); nothing recorded",
+            )
             return
         names = tuple(e.name for e in h.exporters if e.name in loggers)
         if not names:
@@ -255,8 +267,14 @@ class RolloutTraceConfig:
         return cls._instance
 
     @classmethod
-    def init(cls, project_name: str, experiment_name: str, backend: str, token2text: bool = False,
-             max_samples_per_step_per_worker: int | None = None) -> None:
+    def init(
+        cls,
+        project_name: str,
+        experiment_name: str,
+        backend: str,
+        token2text: bool = False,
+        max_samples_per_step_per_worker: int | None = None,
+    ) -> None:
         config = cls.get_instance()
         if config._initialized:
             return
@@ -268,8 +286,13 @@ class RolloutTraceConfig:
         config.max_samples_per_step_per_worker = None if cls.deterministic_sampling else max_samples_per_step_per_worker
         config.client = None
         if backend is not None:
-            config.client = _trace_pipeline(project_name, experiment_name, backend, token2text,
-                                            max_samples_per_step_per_worker if cls.deterministic_sampling else None)
+            config.client = _trace_pipeline(
+                project_name,
+                experiment_name,
+                backend,
+                token2text,
+                max_samples_per_step_per_worker if cls.deterministic_sampling else None,
+            )
         config._initialized = True
         for hook in list(_init_hooks):
             try:
@@ -298,8 +321,9 @@ class RolloutTraceConfig:
 _init_hooks: list[Any] = []
 
 
-def _trace_pipeline(project: str, experiment: str, backend: str, token2text: bool,
-                    max_samples: int | None) -> Handle | None:
+def _trace_pipeline(
+    project: str, experiment: str, backend: str, token2text: bool, max_samples: int | None
+) -> Handle | None:
     settings = {"token2text": token2text or None, "max_samples": max_samples}
     h = current()
     try:
@@ -308,16 +332,23 @@ def _trace_pipeline(project: str, experiment: str, backend: str, token2text: boo
         else:
             h.set_trace_settings(trace_backend=backend, **settings)
     except UnknownExporterError as exc:
-        warn_once(f"trace-backend:{backend}", "otel-rl: rollout trace backend %r: %s; rollouts are not traced",
-                  backend, exc)
+        warn_once(
+            f"trace-backend:{backend}", "otel-rl: rollout trace backend %r: %s; rollouts are not traced", backend, exc
+        )
         if h is None or h.closed:
             h, _ = _join_or_init(None, project, experiment, None, **settings)
     return h
 
 
 @contextlib.contextmanager
-def rollout_trace_attr(sample_index: Any = None, step: Any = None, rollout_n: Any = None, name: str = "rollout_trace",
-                       validate: bool = False, trace: bool = True) -> Iterator[TrajectoryState | None]:
+def rollout_trace_attr(
+    sample_index: Any = None,
+    step: Any = None,
+    rollout_n: Any = None,
+    name: str = "rollout_trace",
+    validate: bool = False,
+    trace: bool = True,
+) -> Iterator[TrajectoryState | None]:
     """One rollout as its own trace (`otel_rl.trajectory`); a pass-through when no backend is set.
 
     `trace=False` turns off every op inside.  Yields the trajectory state
@@ -326,8 +357,14 @@ def rollout_trace_attr(sample_index: Any = None, step: Any = None, rollout_n: An
     if RolloutTraceConfig.get_backend() is None:
         yield None
         return
-    with trajectory(step=_int_or_none(step), sample_index=_int_or_none(sample_index),
-                    rollout_n=_int_or_none(rollout_n), validate=bool(validate), name=name, trace=trace) as t:
+    with trajectory(
+        step=_int_or_none(step),
+        sample_index=_int_or_none(sample_index),
+        rollout_n=_int_or_none(rollout_n),
+        validate=bool(validate),
+        name=name,
+        trace=trace,
+    ) as t:
         yield t
 
 
@@ -350,6 +387,7 @@ def rollout_trace_op(func: Any) -> Any:
     traced = op(func)
 
     if inspect.iscoroutinefunction(func):
+
         @functools.wraps(func)
         async def async_wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
             if RolloutTraceConfig.get_backend() is None:

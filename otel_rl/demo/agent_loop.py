@@ -102,8 +102,14 @@ class AgentLoopOutput:
 class AgentLoop:
     """One agentic trajectory: answer directly, or call the calculator and answer with its result."""
 
-    def __init__(self, server: RolloutServer, tokenizer: ArithTokenizer, max_assistant_turns: int = 2,
-                 max_response_length: int = 16, format_score: float = 0.0):
+    def __init__(
+        self,
+        server: RolloutServer,
+        tokenizer: ArithTokenizer,
+        max_assistant_turns: int = 2,
+        max_response_length: int = 16,
+        format_score: float = 0.0,
+    ):
         self.server = server
         self.tokenizer = tokenizer  # also what otel-rl's token2text uses for this object's ops
         self.max_assistant_turns = max_assistant_turns
@@ -126,10 +132,19 @@ class AgentLoop:
     def compute_score(self, data_source: str, solution_str: str, ground_truth: int) -> float:
         return score(self.tokenizer.encode(solution_str), ground_truth, self.format_score)
 
-    async def run(self, problem: Problem, sampling_params: dict[str, Any], *, step: int, sample_index: int,
-                  rollout_n: int, validate: bool) -> AgentLoopOutput:
-        with otel_rl.trajectory(step=step, sample_index=sample_index, rollout_n=rollout_n, validate=validate,
-                                name="agent_loop") as traj:
+    async def run(
+        self,
+        problem: Problem,
+        sampling_params: dict[str, Any],
+        *,
+        step: int,
+        sample_index: int,
+        rollout_n: int,
+        validate: bool,
+    ) -> AgentLoopOutput:
+        with otel_rl.trajectory(
+            step=step, sample_index=sample_index, rollout_n=rollout_n, validate=validate, name="agent_loop"
+        ) as traj:
             prompt_ids = problem.prompt_ids()
             context = list(prompt_ids)
             response: list[int] = []
@@ -160,5 +175,14 @@ class AgentLoop:
             answer_text = self.tokenizer.decode(turn)
             reward = self.compute_score(problem.data_source, answer_text, problem.answer)
             traj.set_reward(reward)
-        return AgentLoopOutput(prompt_ids, response, mask, 1 + assistant_turns + tool_calls, tool_calls, reward,
-                               answer_text, problem, sample_index)
+        return AgentLoopOutput(
+            prompt_ids,
+            response,
+            mask,
+            1 + assistant_turns + tool_calls,
+            tool_calls,
+            reward,
+            answer_text,
+            problem,
+            sample_index,
+        )

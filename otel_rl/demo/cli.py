@@ -26,35 +26,68 @@ from otel_rl.redact import redact_text
 from .config import DEFAULT_OUTPUT_DIR, build_config, get
 
 #: a few seconds: what the tests and a first look use
-QUICK = ["trainer.total_training_steps=6", "trainer.test_freq=3", "data.train_batch_size=8",
-         "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4", "data.val_batch_size=16",
-         "actor_rollout_ref.model.pretrain.steps=50"]
+QUICK = [
+    "trainer.total_training_steps=6",
+    "trainer.test_freq=3",
+    "data.train_batch_size=8",
+    "actor_rollout_ref.rollout.n=4",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+    "data.val_batch_size=16",
+    "actor_rollout_ref.model.pretrain.steps=50",
+]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.description = ("Train a tiny transformer with GRPO to answer arithmetic questions with a calculator "
-                          "tool (multi-turn agent loop), on CPU, with every otel-rl exporter available. Data goes "
-                          "to the console, a local MLflow store and a JSONL file by default (no server, no account).")
-    parser.add_argument("overrides", nargs="*", metavar="key=value",
-                        help="verl-style dotlist overrides, e.g. trainer.total_training_steps=20 "
-                             "actor_rollout_ref.rollout.n=4 'trainer.logger=[console,file]'")
+    parser.description = (
+        "Train a tiny transformer with GRPO to answer arithmetic questions with a calculator "
+        "tool (multi-turn agent loop), on CPU, with every otel-rl exporter available. Data goes "
+        "to the console, a local MLflow store and a JSONL file by default (no server, no account)."
+    )
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="key=value",
+        help="verl-style dotlist overrides, e.g. trainer.total_training_steps=20 "
+        "actor_rollout_ref.rollout.n=4 'trainer.logger=[console,file]'",
+    )
     parser.add_argument("--seed", type=int, default=None, help="trainer.seed (default 0)")
     parser.add_argument("--steps", type=int, default=None, help="trainer.total_training_steps")
     parser.add_argument("--quick", action="store_true", help="a few-second run: " + " ".join(QUICK))
-    parser.add_argument("--output-dir", default=DEFAULT_OUTPUT_DIR,
-                        help="where the MLflow store, the JSONL file and offline tracker runs go "
-                             f"(default {DEFAULT_OUTPUT_DIR})")
-    parser.add_argument("--wandb", action="store_true",
-                        help="also log to Weights & Biases (offline under the output dir unless WANDB_API_KEY is set)")
-    parser.add_argument("--swanlab", action="store_true",
-                        help="also log to SwanLab (offline under the output dir unless SWANLAB_API_KEY is set)")
-    parser.add_argument("--otlp-endpoint", default=None, metavar="URL",
-                        help="also send spans and metrics over OTLP to this endpoint (e.g. http://localhost:4318)")
-    parser.add_argument("--prometheus-port", type=int, default=None, metavar="PORT",
-                        help="also serve Prometheus metrics on this port during the run (0: a free port)")
+    parser.add_argument(
+        "--output-dir",
+        default=DEFAULT_OUTPUT_DIR,
+        help=f"where the MLflow store, the JSONL file and offline tracker runs go (default {DEFAULT_OUTPUT_DIR})",
+    )
+    parser.add_argument(
+        "--wandb",
+        action="store_true",
+        help="also log to Weights & Biases (offline under the output dir unless WANDB_API_KEY is set)",
+    )
+    parser.add_argument(
+        "--swanlab",
+        action="store_true",
+        help="also log to SwanLab (offline under the output dir unless SWANLAB_API_KEY is set)",
+    )
+    parser.add_argument(
+        "--otlp-endpoint",
+        default=None,
+        metavar="URL",
+        help="also send spans and metrics over OTLP to this endpoint (e.g. http://localhost:4318)",
+    )
+    parser.add_argument(
+        "--prometheus-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="also serve Prometheus metrics on this port during the run (0: a free port)",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress line")
-    parser.add_argument("--report-json", default=None, metavar="PATH",
-                        help="also write the run's timings, validation rewards and last metrics as JSON")
+    parser.add_argument(
+        "--report-json",
+        default=None,
+        metavar="PATH",
+        help="also write the run's timings, validation rewards and last metrics as JSON",
+    )
 
 
 def _names(value: Any) -> list[str]:
@@ -79,8 +112,12 @@ def prepare(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, str], s
     out = os.path.abspath(os.path.expanduser(args.output_dir))
     trainer = cfg["trainer"]
     loggers = _names(trainer.get("logger"))
-    for flag, name in ((args.wandb, "wandb"), (args.swanlab, "swanlab"), (args.otlp_endpoint, "otlp"),
-                       (args.prometheus_port is not None, "prometheus")):
+    for flag, name in (
+        (args.wandb, "wandb"),
+        (args.swanlab, "swanlab"),
+        (args.otlp_endpoint, "otlp"),
+        (args.prometheus_port is not None, "prometheus"),
+    ):
         if flag and name not in loggers:
             loggers.append(name)
     trainer["logger"] = loggers
@@ -92,15 +129,25 @@ def prepare(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, str], s
     used = set(loggers) | {get(cfg, "actor_rollout_ref.rollout.trace.backend") or ""}
     env: dict[str, str] = {}
     environ = os.environ
-    if ({"file", "jsonl"} & used and not ours.get("jsonl_path")
-            and not any(environ.get(v) for v in ("OTEL_RL_JSONL_PATH", "VERL_FILE_LOGGER_PATH",
-                                                 "VERL_FILE_LOGGER_ROOT"))):
+    if (
+        {"file", "jsonl"} & used
+        and not ours.get("jsonl_path")
+        and not any(environ.get(v) for v in ("OTEL_RL_JSONL_PATH", "VERL_FILE_LOGGER_PATH", "VERL_FILE_LOGGER_ROOT"))
+    ):
         ours["jsonl_path"] = os.path.join(out, trainer["project_name"], f"{trainer['experiment_name']}.jsonl")
-    if (used & {"mlflow", "wandb", "tracking", "swanlab", "weave"} and "spool_dir" not in ours
-            and not environ.get("OTEL_RL_SPOOL_DIR") and "spool_dir" in _config_fields()):
+    if (
+        used & {"mlflow", "wandb", "tracking", "swanlab", "weave"}
+        and "spool_dir" not in ours
+        and not environ.get("OTEL_RL_SPOOL_DIR")
+        and "spool_dir" in _config_fields()
+    ):
         ours["spool_dir"] = os.path.join(out, "spool")  # where undelivered tracker data would wait
-    if (used & {"mlflow", "wandb", "tracking", "swanlab"} and "export_process_cpus" not in ours
-            and not environ.get("OTEL_RL_EXPORT_PROCESS_CPUS") and int(trainer.get("torch_threads") or 0) == 1):
+    if (
+        used & {"mlflow", "wandb", "tracking", "swanlab"}
+        and "export_process_cpus" not in ours
+        and not environ.get("OTEL_RL_EXPORT_PROCESS_CPUS")
+        and int(trainer.get("torch_threads") or 0) == 1
+    ):
         # one training thread: the export process keeps to another CPU (benchmarks/results/2026-12-04-demo-cost.md)
         ours["export_process_cpus"] = "last"
     if "mlflow" in used and not environ.get("MLFLOW_TRACKING_URI"):
@@ -159,9 +206,12 @@ def run(args: argparse.Namespace) -> int:
     from otel_rl.exporters.registry import _importable
 
     if not _importable("torch"):  # checked before it is imported (below, after init): say what to install
-        print("otel-rl demo: the demo's policy needs torch, which is not installed: pip install 'otel-rl[demo]' "
-              "(or a torch build for your machine, e.g. the CPU one: pip install torch "
-              "--index-url https://download.pytorch.org/whl/cpu)", file=sys.stderr)
+        print(
+            "otel-rl demo: the demo's policy needs torch, which is not installed: pip install 'otel-rl[demo]' "
+            "(or a torch build for your machine, e.g. the CPU one: pip install torch "
+            "--index-url https://download.pytorch.org/whl/cpu)",
+            file=sys.stderr,
+        )
         return 2
     os.makedirs(out, exist_ok=True)
     t0 = time.perf_counter()
@@ -205,11 +255,19 @@ def run(args: argparse.Namespace) -> int:
     if report:
         print(f"  report (open in a browser): {report}", flush=True)
     if args.report_json:
-        report = {"config": cfg, "run_id": handle.run_id, "exporters": [e.name for e in handle.exporters],
-                  "steps": trainer.total_steps, "trajectories": trainer.trajectories, **timings,
-                  "training_cpu": training_cpu, "step_timings": trainer.step_timings,
-                  "val_history": trainer.val_history, "last_metrics": trainer.last_metrics,
-                  "num_params": trainer.num_params}
+        report = {
+            "config": cfg,
+            "run_id": handle.run_id,
+            "exporters": [e.name for e in handle.exporters],
+            "steps": trainer.total_steps,
+            "trajectories": trainer.trajectories,
+            **timings,
+            "training_cpu": training_cpu,
+            "step_timings": trainer.step_timings,
+            "val_history": trainer.val_history,
+            "last_metrics": trainer.last_metrics,
+            "num_params": trainer.num_params,
+        }
         with open(args.report_json, "w", encoding="utf-8") as f:
             json.dump(report, f, indent=1)
     return 0
@@ -239,8 +297,12 @@ def _cpu_counters() -> dict[str, float]:
     import resource
 
     ru = resource.getrusage(resource.RUSAGE_SELF)
-    return {"main_thread_s": time.thread_time(), "process_s": time.process_time(),
-            "voluntary_switches": ru.ru_nvcsw, "involuntary_switches": ru.ru_nivcsw}
+    return {
+        "main_thread_s": time.thread_time(),
+        "process_s": time.process_time(),
+        "voluntary_switches": ru.ru_nvcsw,
+        "involuntary_switches": ru.ru_nivcsw,
+    }
 
 
 def _prometheus_url(exporter: Any, cfg: dict[str, Any]) -> str:
@@ -301,30 +363,39 @@ def format_summary(cfg: dict[str, Any], handle: Any, trainer: Any, out: str, tim
     hist = trainer.val_history
     if hist:
         (s0, r0), (s1, r1) = hist[0], hist[-1]
-        lines.append(f"validation reward (val-core/arith/reward/mean@1): {r0:.3f} at step {s0} -> "
-                     f"{r1:.3f} at step {s1}")
+        lines.append(
+            f"validation reward (val-core/arith/reward/mean@1): {r0:.3f} at step {s0} -> {r1:.3f} at step {s1}"
+        )
     last = trainer.last_metrics
     if "tool_call_counts/mean" in last:
-        lines.append(f"last step: reward {last.get('critic/score/mean', float('nan')):.3f}, "
-                     f"tool calls per trajectory {last['tool_call_counts/mean']:.2f}")
+        lines.append(
+            f"last step: reward {last.get('critic/score/mean', float('nan')):.3f}, "
+            f"tool calls per trajectory {last['tool_call_counts/mean']:.2f}"
+        )
     names = [e.name for e in handle.exporters]
-    lines.append(f"run {tr['project_name']}/{tr['experiment_name']}, otel-rl run id {handle.run_id}; "
-                 f"exporters: {', '.join(names) or 'none (telemetry off)'}")
+    lines.append(
+        f"run {tr['project_name']}/{tr['experiment_name']}, otel-rl run id {handle.run_id}; "
+        f"exporters: {', '.join(names) or 'none (telemetry off)'}"
+    )
     for e in handle.exporters:
         if e.name in ("file", "jsonl") and getattr(e, "path", None):
             lines.append(f"  metrics (JSONL, one line per log call): {os.path.abspath(e.path)}")
         elif e.name == "mlflow":
-            uri = (os.environ.get("MLFLOW_TRACKING_URI") or getattr(e, "tracking_uri", None)
-                   or "sqlite:////tmp/mlruns.db")
+            uri = (
+                os.environ.get("MLFLOW_TRACKING_URI") or getattr(e, "tracking_uri", None) or "sqlite:////tmp/mlruns.db"
+            )
             waiting = _undelivered(handle, "mlflow")
             if waiting:
                 spool = get(cfg, "otel_rl.spool_dir") or os.environ.get("OTEL_RL_SPOOL_DIR") or "the spool"
-                lines.append(f"  MLflow: {redact_text(uri)} could not be reached: {waiting:,} items were not delivered "
-                             f"and wait in the spool {spool}")
+                lines.append(
+                    f"  MLflow: {redact_text(uri)} could not be reached: {waiting:,} items were not delivered "
+                    f"and wait in the spool {spool}"
+                )
                 lines.append(f"    deliver them once MLflow is up: {_command('otel-rl')} replay {shlex.quote(spool)}")
                 continue
-            lines.append(f"  MLflow: {redact_text(uri)}  experiment '{tr['project_name']}', "
-                         f"run '{tr['experiment_name']}'")
+            lines.append(
+                f"  MLflow: {redact_text(uri)}  experiment '{tr['project_name']}', run '{tr['experiment_name']}'"
+            )
             if uri.startswith("sqlite:"):
                 lines.append(f"    {_command('mlflow')} ui --backend-store-uri {shlex.quote(uri)}")
             lines.extend(mlflow_trace_hints())
@@ -342,6 +413,8 @@ def format_summary(cfg: dict[str, Any], handle: Any, trainer: Any, out: str, tim
             ep = get(cfg, "otel_rl.otlp_endpoint") or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "default endpoint")
             lines.append(f"  OTLP: spans and metrics sent to {redact_text(ep)}")
         elif e.name == "prometheus":
-            lines.append(f"  Prometheus: metrics were served at {_prometheus_url(e, cfg)} during the run "
-                         "(the endpoint closes with the run)")
+            lines.append(
+                f"  Prometheus: metrics were served at {_prometheus_url(e, cfg)} during the run "
+                "(the endpoint closes with the run)"
+            )
     return "\n".join(lines)

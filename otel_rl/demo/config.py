@@ -22,10 +22,12 @@ DEFAULT_CONFIG: dict[str, Any] = {
     },
     "actor_rollout_ref": {
         "model": {
-            "d_model": 128, "n_layers": 2, "n_heads": 4, "d_ff": 512,
+            "d_model": 128,
+            "n_layers": 2,
+            "n_heads": 4,
+            "d_ff": 512,
             # the base policy: supervised steps on random-number transcripts (formats only, see task.py)
-            "pretrain": {"steps": 150, "batch_size": 64, "lr": 3e-3, "transcript_fraction": 0.1,
-                         "tool_fraction": 0.02},
+            "pretrain": {"steps": 150, "batch_size": 64, "lr": 3e-3, "transcript_fraction": 0.1, "tool_fraction": 0.02},
         },
         "actor": {
             "optim": {"lr": 5e-4, "weight_decay": 0.0, "lr_warmup_steps": 0},

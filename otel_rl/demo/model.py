@@ -75,8 +75,9 @@ def pad_batch(seqs: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor
     return out, lengths
 
 
-def token_log_probs(model: TinyPolicy, ids: torch.Tensor, with_entropy: bool = False
-                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+def token_log_probs(
+    model: TinyPolicy, ids: torch.Tensor, with_entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log pi(ids[:, t+1] | ids[:, :t+1]) for every t (non-action targets get 0) and the entropy."""
     logits = model(ids[:, :-1]).float()
     logp_all = torch.log_softmax(logits, dim=-1)

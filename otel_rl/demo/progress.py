@@ -102,8 +102,9 @@ class Progress:
         rate = step / elapsed if elapsed > 0 else 0.0
         width = 24
         filled = int(width * step / max(1, self.total))
-        self._text = (f"otel-rl demo [{'#' * filled}{'.' * (width - filled)}] {step}/{self.total}  {info}  "
-                      f"{rate:.2f} steps/s")
+        self._text = (
+            f"otel-rl demo [{'#' * filled}{'.' * (width - filled)}] {step}/{self.total}  {info}  {rate:.2f} steps/s"
+        )
         with self.lock:
             if self._tty:
                 self._clear()

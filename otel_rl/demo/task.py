@@ -138,8 +138,9 @@ def score(response_ids: Sequence[int], ground_truth: int, format_score: float) -
     return 1.0 if value == ground_truth else format_score
 
 
-def pretraining_sequence(rng: random.Random, problem: Problem, max_result: int, transcript_fraction: float,
-                         tool_fraction: float) -> tuple[list[int], list[int]]:
+def pretraining_sequence(
+    rng: random.Random, problem: Problem, max_result: int, transcript_fraction: float, tool_fraction: float
+) -> tuple[list[int], list[int]]:
     """One sequence of the synthetic "pretraining" corpus and its loss mask (1: a token learnt).
 
     The numbers in it are random, never the right answer.  A share `transcript_fraction` of

@@ -40,8 +40,11 @@ VAL_SET_SEED = 1234  # the validation problems are the same for every seed
 def _stats(name: str, values: Sequence[float]) -> dict[str, float]:
     if not values:
         return {}
-    return {f"{name}/mean": float(sum(values) / len(values)), f"{name}/max": float(max(values)),
-            f"{name}/min": float(min(values))}
+    return {
+        f"{name}/mean": float(sum(values) / len(values)),
+        f"{name}/max": float(max(values)),
+        f"{name}/min": float(min(values)),
+    }
 
 
 def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -64,17 +67,20 @@ class GRPOTrainer:
         # the policy's size and optimizer: what the config gives, else the demo's defaults (one place for them)
         m = {**DEFAULT_CONFIG["actor_rollout_ref"]["model"], **get(cfg, "actor_rollout_ref.model", {})}
         max_len = int(get(cfg, "data.max_prompt_length", 8)) + int(get(cfg, "data.max_response_length", 16))
-        self.actor = TinyPolicy(int(m["d_model"]), int(m["n_layers"]), int(m["n_heads"]), int(m["d_ff"]),
-                                max_len=max_len)
+        self.actor = TinyPolicy(
+            int(m["d_model"]), int(m["n_layers"]), int(m["n_heads"]), int(m["d_ff"]), max_len=max_len
+        )
         self.ref: TinyPolicy | None = None  # the reference policy: a frozen copy of the pretrained one
         a = get(cfg, "actor_rollout_ref.actor", {})
         self.a = a
         optim = {**DEFAULT_CONFIG["actor_rollout_ref"]["actor"]["optim"], **a.get("optim", {})}
-        self.optimizer = torch.optim.AdamW(self.actor.parameters(), lr=float(optim["lr"]),
-                                           weight_decay=float(optim["weight_decay"]))
+        self.optimizer = torch.optim.AdamW(
+            self.actor.parameters(), lr=float(optim["lr"]), weight_decay=float(optim["weight_decay"])
+        )
         warmup = int(optim.get("lr_warmup_steps", 0) or 0)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda k: min(1.0, (k + 1) / warmup) if warmup > 0 else 1.0)
+            self.optimizer, lambda k: min(1.0, (k + 1) / warmup) if warmup > 0 else 1.0
+        )
         problems = all_problems(int(get(cfg, "data.max_operand", 9)), list(get(cfg, "data.ops", ["+", "*"])))
         self.train_data = Dataset(problems, self.seed)
         n_val = min(int(get(cfg, "data.val_batch_size", 64)), len(problems))
@@ -83,8 +89,13 @@ class GRPOTrainer:
         mt = get(cfg, "actor_rollout_ref.rollout.multi_turn", {})
         self.max_tokens_per_turn = int(mt.get("max_tokens_per_turn", 4))
         self.max_response_length = int(get(cfg, "data.max_response_length", 16))
-        self.agent = AgentLoop(self.server, self.tokenizer, int(mt.get("max_assistant_turns", 2)),
-                               self.max_response_length, float(get(cfg, "reward_model.format_score", 0.0)))
+        self.agent = AgentLoop(
+            self.server,
+            self.tokenizer,
+            int(mt.get("max_assistant_turns", 2)),
+            self.max_response_length,
+            float(get(cfg, "reward_model.format_score", 0.0)),
+        )
         self.n = int(get(cfg, "actor_rollout_ref.rollout.n", 8))
         self.batch_size = int(get(cfg, "data.train_batch_size", 32))
         self.total_steps = int(get(cfg, "trainer.total_training_steps", 100))
@@ -110,14 +121,19 @@ class GRPOTrainer:
         self.log_calls += 1
 
     # -- rollouts -------------------------------------------------------------------------
-    async def _rollout(self, problems: Sequence[Problem], n: int, sampling_params: dict[str, Any], step: int,
-                       validate: bool) -> list[AgentLoopOutput]:
-        runs = [self.agent.run(p, sampling_params, step=step, sample_index=i, rollout_n=r, validate=validate)
-                for i, p in enumerate(problems) for r in range(n)]
+    async def _rollout(
+        self, problems: Sequence[Problem], n: int, sampling_params: dict[str, Any], step: int, validate: bool
+    ) -> list[AgentLoopOutput]:
+        runs = [
+            self.agent.run(p, sampling_params, step=step, sample_index=i, rollout_n=r, validate=validate)
+            for i, p in enumerate(problems)
+            for r in range(n)
+        ]
         return list(await asyncio.gather(*runs))
 
-    def generate_sequences(self, problems: Sequence[Problem], n: int, sampling_params: dict[str, Any], step: int,
-                           validate: bool) -> list[AgentLoopOutput]:
+    def generate_sequences(
+        self, problems: Sequence[Problem], n: int, sampling_params: dict[str, Any], step: int, validate: bool
+    ) -> list[AgentLoopOutput]:
         # register the candidates: max_samples_per_step_per_worker picks the same samples every time
         otel_rl.select_samples(step, range(len(problems)), validate=validate)
         outs = self.loop.run_until_complete(self._rollout(problems, n, sampling_params, step, validate))
@@ -179,8 +195,9 @@ class GRPOTrainer:
         loss_value = float("nan")
         self.actor.train()
         for _ in range(steps):
-            pairs = [pretraining_sequence(rng, rng.choice(self.problems), max_result, transcripts, tool)
-                     for _ in range(size)]
+            pairs = [
+                pretraining_sequence(rng, rng.choice(self.problems), max_result, transcripts, tool) for _ in range(size)
+            ]
             ids, _ = pad_batch([seq for seq, _ in pairs])
             mask = torch.zeros(ids.shape[0], ids.shape[1] - 1)
             for i, (_, m) in enumerate(pairs):
@@ -265,8 +282,9 @@ class GRPOTrainer:
             centred = centred / (std + eps)
         return centred.reshape(-1)
 
-    def update_actor(self, batch: dict[str, Any], old_logp: torch.Tensor, ref_logp: torch.Tensor,
-                     token_adv: torch.Tensor) -> dict[str, float]:
+    def update_actor(
+        self, batch: dict[str, Any], old_logp: torch.Tensor, ref_logp: torch.Tensor, token_adv: torch.Tensor
+    ) -> dict[str, float]:
         a = self.a
         clip = float(a.get("clip_ratio", 0.2))
         clip_c = float(a.get("clip_ratio_c", 3.0))
@@ -344,8 +362,9 @@ class GRPOTrainer:
         }
         for op, vals in sorted(by_op.items()):
             m[f"val-aux/arith/reward_{op}/mean@1"] = sum(vals) / len(vals)
-        rows = [(self.tokenizer.decode(o.prompt_ids), self.tokenizer.decode(o.response_ids), o.reward_score)
-                for o in outs]
+        rows = [
+            (self.tokenizer.decode(o.prompt_ids), self.tokenizer.decode(o.response_ids), o.reward_score) for o in outs
+        ]
         otel_rl.log_generations(rows, step)
         self.val_history.append((step, mean))
         return m

@@ -32,10 +32,16 @@ SYMBOLS = {"ok": "✓", "warn": "!", "fail": "✗", "info": "·"}
 
 #: exporter name -> (tracker library's distribution, otel-rl plug-in distribution)
 LIBRARIES: dict[str, tuple[str, str]] = {
-    "mlflow": ("mlflow", "otel-rl-mlflow"), "wandb": ("wandb", "otel-rl-wandb"), "tracking": ("wandb", "otel-rl-wandb"),
-    "swanlab": ("swanlab", "otel-rl-swanlab"), "weave": ("weave", "otel-rl-weave"),
+    "mlflow": ("mlflow", "otel-rl-mlflow"),
+    "wandb": ("wandb", "otel-rl-wandb"),
+    "tracking": ("wandb", "otel-rl-wandb"),
+    "swanlab": ("swanlab", "otel-rl-swanlab"),
+    "weave": ("weave", "otel-rl-weave"),
 }
-OTLP_DISTS = {"grpc": "opentelemetry-exporter-otlp-proto-grpc", "http/protobuf": "opentelemetry-exporter-otlp-proto-http"}
+OTLP_DISTS = {
+    "grpc": "opentelemetry-exporter-otlp-proto-grpc",
+    "http/protobuf": "opentelemetry-exporter-otlp-proto-http",
+}
 WANDB_DEFAULT_URL = "https://api.wandb.ai"
 SWANLAB_DEFAULT_URL = "https://api.swanlab.cn"
 WEAVE_DEFAULT_URL = "https://trace.wandb.ai"
@@ -75,8 +81,15 @@ def check_library(subject: str, dist: str, plugin: str | None = None) -> list[Ch
             from packaging.specifiers import SpecifierSet
 
             if not SpecifierSet(wanted).contains(have, prereleases=True):
-                out.append(Check(subject, "library", "fail", f"{dist} {have} installed; {plugin} needs {dist}{wanted}",
-                                 f"run `pip install '{dist}{wanted}'`"))
+                out.append(
+                    Check(
+                        subject,
+                        "library",
+                        "fail",
+                        f"{dist} {have} installed; {plugin} needs {dist}{wanted}",
+                        f"run `pip install '{dist}{wanted}'`",
+                    )
+                )
                 return out
         except Exception:
             pass
@@ -96,15 +109,28 @@ def _requirement(plugin: str, dist: str) -> str | None:
     return None
 
 
-def check_key(subject: str, var: str, env: Mapping[str, str], *, min_len: int = 1, required: bool = True,
-              stored: bool = False, stored_how: str = "") -> Check:
+def check_key(
+    subject: str,
+    var: str,
+    env: Mapping[str, str],
+    *,
+    min_len: int = 1,
+    required: bool = True,
+    stored: bool = False,
+    stored_how: str = "",
+) -> Check:
     """Is the credential `var` set and well-formed?  The value is never shown."""
     value = env.get(var)
     if value is None or value == "":
         if stored:
             return Check(subject, "credentials", "ok", f"{var} not set; a saved login ({stored_how}) is used")
-        return Check(subject, "credentials", "fail" if required else "warn", f"{var} is not set",
-                     f"export {var}=<your key>" + (f" (or {stored_how})" if stored_how else ""))
+        return Check(
+            subject,
+            "credentials",
+            "fail" if required else "warn",
+            f"{var} is not set",
+            f"export {var}=<your key>" + (f" (or {stored_how})" if stored_how else ""),
+        )
     problems = []
     if value != value.strip():
         problems.append("has leading or trailing whitespace")
@@ -117,14 +143,30 @@ def check_key(subject: str, var: str, env: Mapping[str, str], *, min_len: int = 
     if len(value.strip()) < min_len:
         problems.append(f"is {len(value.strip())} characters long (keys have at least {min_len})")
     if problems:
-        return Check(subject, "credentials", "fail", f"{var} is set but {' and '.join(problems)}",
-                     f"copy the key again into {var}")
+        return Check(
+            subject,
+            "credentials",
+            "fail",
+            f"{var} is set but {' and '.join(problems)}",
+            f"copy the key again into {var}",
+        )
     return Check(subject, "credentials", "ok", f"{var} is set ({len(value)} characters, looks well-formed)")
 
 
-def check_endpoint(subject: str, url: str, *, path: str = "", proxy: str | None = None, timeout: float,
-                   headers: dict[str, str] | None = None, method: str = "GET", body: bytes | None = None,
-                   what: str = "server", ok_codes: tuple[int, ...] = (), name: str = "endpoint") -> tuple[Check, Any]:
+def check_endpoint(
+    subject: str,
+    url: str,
+    *,
+    path: str = "",
+    proxy: str | None = None,
+    timeout: float,
+    headers: dict[str, str] | None = None,
+    method: str = "GET",
+    body: bytes | None = None,
+    what: str = "server",
+    ok_codes: tuple[int, ...] = (),
+    name: str = "endpoint",
+) -> tuple[Check, Any]:
     res = probe(url, method=method, path=path, headers=headers, body=body, proxy=proxy, timeout=timeout, what=what)
     label = f"{res.url}{path}" + (f" via proxy {res.via}" if res.via else "")
     if res.ok or (res.status in ok_codes):
@@ -142,16 +184,26 @@ def _mlflow(cfg: Config, env: Mapping[str, str], timeout: float, min_free: int) 
     if uri.startswith(("http://", "https://")):
         out.append(Check("mlflow", "tracking URI", "ok", f"MLFLOW_TRACKING_URI={shown}"))
         headers: dict[str, str] = {}
-        token, user, pw = env.get("MLFLOW_TRACKING_TOKEN"), env.get("MLFLOW_TRACKING_USERNAME"), \
-            env.get("MLFLOW_TRACKING_PASSWORD")
+        token, user, pw = (
+            env.get("MLFLOW_TRACKING_TOKEN"),
+            env.get("MLFLOW_TRACKING_USERNAME"),
+            env.get("MLFLOW_TRACKING_PASSWORD"),
+        )
         if token:
             out.append(check_key("mlflow", "MLFLOW_TRACKING_TOKEN", env))
             headers["Authorization"] = f"Bearer {token.strip()}"
         elif user or pw:
             if not (user and pw):
                 missing = "MLFLOW_TRACKING_PASSWORD" if user else "MLFLOW_TRACKING_USERNAME"
-                out.append(Check("mlflow", "credentials", "fail", f"{missing} is not set (the other one is)",
-                                 f"export {missing}=..."))
+                out.append(
+                    Check(
+                        "mlflow",
+                        "credentials",
+                        "fail",
+                        f"{missing} is not set (the other one is)",
+                        f"export {missing}=...",
+                    )
+                )
             else:
                 import base64
 
@@ -162,18 +214,34 @@ def _mlflow(cfg: Config, env: Mapping[str, str], timeout: float, min_free: int) 
         out.append(health)
         if not res.ok:
             return out
-        ver, vres = check_endpoint("mlflow", uri, path="/version", proxy=proxy, timeout=timeout, what="MLflow server",
-                                   name="server version")
+        ver, vres = check_endpoint(
+            "mlflow", uri, path="/version", proxy=proxy, timeout=timeout, what="MLflow server", name="server version"
+        )
         if vres.ok:
             out.append(_mlflow_server_version(vres.body.decode("utf-8", "replace").strip()))
-        api, _ = check_endpoint("mlflow", uri, path="/api/2.0/mlflow/experiments/search?max_results=1", proxy=proxy,
-                                timeout=timeout, what="MLflow server", headers=headers, name="API")
+        api, _ = check_endpoint(
+            "mlflow",
+            uri,
+            path="/api/2.0/mlflow/experiments/search?max_results=1",
+            proxy=proxy,
+            timeout=timeout,
+            what="MLflow server",
+            headers=headers,
+            name="API",
+        )
         out.append(api)
         return out
-    out.append(Check("mlflow", "tracking URI", "ok" if env.get("MLFLOW_TRACKING_URI") else "warn",
-                     f"MLFLOW_TRACKING_URI={shown}" if env.get("MLFLOW_TRACKING_URI") else
-                     f"MLFLOW_TRACKING_URI is not set: runs go to {uri} (verl's default)",
-                     "" if env.get("MLFLOW_TRACKING_URI") else "export MLFLOW_TRACKING_URI=sqlite:////path/to/mlruns.db"))
+    out.append(
+        Check(
+            "mlflow",
+            "tracking URI",
+            "ok" if env.get("MLFLOW_TRACKING_URI") else "warn",
+            f"MLFLOW_TRACKING_URI={shown}"
+            if env.get("MLFLOW_TRACKING_URI")
+            else f"MLFLOW_TRACKING_URI is not set: runs go to {uri} (verl's default)",
+            "" if env.get("MLFLOW_TRACKING_URI") else "export MLFLOW_TRACKING_URI=sqlite:////path/to/mlruns.db",
+        )
+    )
     path = local.store_path(uri)
     if path is not None:
         out += local.check_path("mlflow", "store", path, min_free, is_file=uri.startswith("sqlite:"))
@@ -184,11 +252,21 @@ def _mlflow_server_version(text: str) -> Check:
     v = _version_tuple(text)
     client = dist_version("mlflow") or "?"
     if v and v < MLFLOW_SERVER_MIN:
-        return Check("mlflow", "server version", "fail", f"server runs MLflow {text}, the client {client}: the "
-                     "server has no trace API for this client", "upgrade the server to MLflow >= 3.0")
+        return Check(
+            "mlflow",
+            "server version",
+            "fail",
+            f"server runs MLflow {text}, the client {client}: the server has no trace API for this client",
+            "upgrade the server to MLflow >= 3.0",
+        )
     if v and v < MLFLOW_SERVER_SPANS:
-        return Check("mlflow", "server version", "warn", f"server runs MLflow {text}: no span ingestion before 3.4, "
-                     "traces are sent one by one (slower)", "upgrade the server to MLflow >= 3.4")
+        return Check(
+            "mlflow",
+            "server version",
+            "warn",
+            f"server runs MLflow {text}: no span ingestion before 3.4, traces are sent one by one (slower)",
+            "upgrade the server to MLflow >= 3.4",
+        )
     return Check("mlflow", "server version", "ok", f"server MLflow {text}, client {client}")
 
 
@@ -217,9 +295,18 @@ def _wandb_like(subject: str, cfg: Config, env: Mapping[str, str], timeout: floa
         import base64
 
         headers["Authorization"] = "Basic " + base64.b64encode(f"api:{api_key}".encode()).decode()
-    check, res = check_endpoint(subject, base, path="/graphql", method="POST", proxy=proxy, timeout=timeout,
-                                what="W&B server", headers=headers, body=b'{"query":"{ viewer { id } }"}',
-                                ok_codes=() if api_key else (401,))
+    check, res = check_endpoint(
+        subject,
+        base,
+        path="/graphql",
+        method="POST",
+        proxy=proxy,
+        timeout=timeout,
+        what="W&B server",
+        headers=headers,
+        body=b'{"query":"{ viewer { id } }"}',
+        ok_codes=() if api_key else (401,),
+    )
     if res.status == 401 and api_key:
         check.detail += " (WANDB_API_KEY was sent)"
     out.append(check)
@@ -233,14 +320,27 @@ def _swanlab(cfg: Config, env: Mapping[str, str], timeout: float, min_free: int)
     stored = local.netrc_has(env, "api.swanlab.cn", os.path.join(os.path.expanduser("~"), ".swanlab", ".netrc"))
     if mode in ("offline", "local", "disabled") or (not mode and not key_set and not stored):
         why = f"SWANLAB_MODE={mode}" if mode else "no SWANLAB_API_KEY and no saved login: offline mode"
-        out.append(Check("swanlab", "mode", "ok" if mode else "warn", f"{why}; no network needed",
-                         "" if mode else "export SWANLAB_API_KEY=... for cloud runs, or SWANLAB_MODE=offline"))
+        out.append(
+            Check(
+                "swanlab",
+                "mode",
+                "ok" if mode else "warn",
+                f"{why}; no network needed",
+                "" if mode else "export SWANLAB_API_KEY=... for cloud runs, or SWANLAB_MODE=offline",
+            )
+        )
         out += local.check_path("swanlab", "log dir", env.get("SWANLAB_LOG_DIR") or "swanlog", min_free)
         return out
     out.append(check_key("swanlab", "SWANLAB_API_KEY", env, min_len=16, stored=stored, stored_how="`swanlab login`"))
     base = (env.get("SWANLAB_API_HOST") or SWANLAB_DEFAULT_URL).rstrip("/")
-    check, _ = check_endpoint("swanlab", base, proxy=proxy_for(base, env=env), timeout=timeout, what="SwanLab server",
-                              ok_codes=tuple(range(300, 500)))
+    check, _ = check_endpoint(
+        "swanlab",
+        base,
+        proxy=proxy_for(base, env=env),
+        timeout=timeout,
+        what="SwanLab server",
+        ok_codes=tuple(range(300, 500)),
+    )
     out.append(check)
     return out
 
@@ -264,21 +364,33 @@ def _otlp(cfg: Config, env: Mapping[str, str], timeout: float, min_free: int) ->
 
                 headers[k.strip()] = unquote(v.strip())
         if bad:
-            out.append(Check("otlp", "headers", "fail", f"{len(bad)} header entr{'y' if len(bad) == 1 else 'ies'} "
-                             "without '=' (expected k=v,k2=v2)", "write the headers as key=value,key2=value2"))
+            out.append(
+                Check(
+                    "otlp",
+                    "headers",
+                    "fail",
+                    f"{len(bad)} header entr{'y' if len(bad) == 1 else 'ies'} without '=' (expected k=v,k2=v2)",
+                    "write the headers as key=value,key2=value2",
+                )
+            )
         else:
             out.append(Check("otlp", "headers", "ok", f"headers set: {', '.join(sorted(headers))} (values not shown)"))
     default = "http://localhost:4317" if protocol == "grpc" else "http://localhost:4318"
-    endpoint = cfg.otlp_endpoint or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or env.get(
-        "OTEL_EXPORTER_OTLP_ENDPOINT") or default
+    endpoint = (
+        cfg.otlp_endpoint
+        or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+        or env.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+        or default
+    )
     if "://" not in endpoint:
         endpoint = "http://" + endpoint
     if endpoint.endswith("/v1/traces"):
         endpoint = endpoint[: -len("/v1/traces")]
     proxy = proxy_for(endpoint, env=env)
     if protocol == "grpc":
-        from .net import _connect
         import urllib.parse
+
+        from .net import _connect
 
         p = urllib.parse.urlsplit(endpoint)
         s, _, cause, fix = _connect(p.hostname or "localhost", p.port or 4317, timeout, "OTLP receiver")
@@ -288,24 +400,42 @@ def _otlp(cfg: Config, env: Mapping[str, str], timeout: float, min_free: int) ->
             s.close()
             out.append(Check("otlp", "endpoint", "ok", f"endpoint {redact_url(endpoint)} (gRPC): TCP connected"))
         return out
-    health, hres = check_endpoint("otlp", endpoint, path="/healthz", proxy=proxy, timeout=timeout,
-                                  what="OTLP receiver", name="bridge /healthz")
+    health, hres = check_endpoint(
+        "otlp", endpoint, path="/healthz", proxy=proxy, timeout=timeout, what="OTLP receiver", name="bridge /healthz"
+    )
     if hres.stage in ("dns", "tcp", "proxy", "tls", "url") or (hres.stage == "http" and hres.status is None):
-        out.append(Check("otlp", "endpoint", "fail", health.detail,
-                         health.fix))
+        out.append(Check("otlp", "endpoint", "fail", health.detail, health.fix))
         return out
     if hres.ok and b'"ok"' in hres.body:
         out.append(Check("otlp", "bridge", "ok", f"otel-rl bridge at {redact_url(endpoint)}: /healthz ok"))
     else:
-        out.append(Check("otlp", "bridge", "info", f"{redact_url(endpoint)} is not an otel-rl bridge "
-                         f"(/healthz: HTTP {hres.status}); an OpenTelemetry Collector or another receiver"))
-    send, sres = check_endpoint("otlp", endpoint, path="/v1/traces", method="POST", body=b"", proxy=proxy,
-                                timeout=timeout, what="OTLP receiver",
-                                headers={"Content-Type": "application/x-protobuf", **headers}, name="export")
+        out.append(
+            Check(
+                "otlp",
+                "bridge",
+                "info",
+                f"{redact_url(endpoint)} is not an otel-rl bridge "
+                f"(/healthz: HTTP {hres.status}); an OpenTelemetry Collector or another receiver",
+            )
+        )
+    send, sres = check_endpoint(
+        "otlp",
+        endpoint,
+        path="/v1/traces",
+        method="POST",
+        body=b"",
+        proxy=proxy,
+        timeout=timeout,
+        what="OTLP receiver",
+        headers={"Content-Type": "application/x-protobuf", **headers},
+        name="export",
+    )
     if sres.status in (401, 403):
         send.detail += (" (headers sent: " + ", ".join(sorted(headers)) + ")") if headers else " (no headers sent)"
-        send.fix = ("set the token in otlp_headers / OTEL_EXPORTER_OTLP_HEADERS as "
-                    "'Authorization=Bearer <token>' (the bridge's --auth-token-env value)")
+        send.fix = (
+            "set the token in otlp_headers / OTEL_EXPORTER_OTLP_HEADERS as "
+            "'Authorization=Bearer <token>' (the bridge's --auth-token-env value)"
+        )
     out.append(send)
     return out
 
@@ -323,9 +453,15 @@ def _jsonl(cfg: Config, env: Mapping[str, str], timeout: float, min_free: int) -
 
 
 EXPORTER_CHECKS: dict[str, Callable[..., list[Check]]] = {
-    "mlflow": _mlflow, "wandb": lambda *a: _wandb_like("wandb", *a), "tracking": lambda *a: _wandb_like("tracking", *a),
-    "weave": lambda *a: _wandb_like("weave", *a), "swanlab": _swanlab, "otlp": _otlp, "prometheus": _prometheus,
-    "file": _jsonl, "jsonl": _jsonl,
+    "mlflow": _mlflow,
+    "wandb": lambda *a: _wandb_like("wandb", *a),
+    "tracking": lambda *a: _wandb_like("tracking", *a),
+    "weave": lambda *a: _wandb_like("weave", *a),
+    "swanlab": _swanlab,
+    "otlp": _otlp,
+    "prometheus": _prometheus,
+    "file": _jsonl,
+    "jsonl": _jsonl,
 }
 
 
@@ -344,8 +480,15 @@ def _unknown(name: str) -> list[Check]:
     try:
         resolve_factory(name)
     except UnknownExporterError as exc:
-        return [Check(name, "exporter", "fail", str(exc).split(" Installed", 1)[0], "correct trainer.logger or "
-                      "install the exporter")]
+        return [
+            Check(
+                name,
+                "exporter",
+                "fail",
+                str(exc).split(" Installed", 1)[0],
+                "correct trainer.logger or install the exporter",
+            )
+        ]
     except Exception as exc:
         return [Check(name, "exporter", "fail", f"cannot load: {type(exc).__name__}: {exc}", "reinstall it")]
     return [Check(name, "exporter", "ok", "installed (a plug-in: nothing more to check)")]
@@ -355,8 +498,17 @@ def tasks(cfg: Config, env: Mapping[str, str], timeout: float, min_free: int) ->
     """One task per subject, in the order the lines are printed."""
     out: list[Task] = []
     if cfg.disabled:
-        out.append(lambda: [Check("otel-rl", "enabled", "warn", "telemetry is disabled (OTEL_SDK_DISABLED=true or "
-                                  "otel_rl.disabled)", "unset it to record anything")])
+        out.append(
+            lambda: [
+                Check(
+                    "otel-rl",
+                    "enabled",
+                    "warn",
+                    "telemetry is disabled (OTEL_SDK_DISABLED=true or otel_rl.disabled)",
+                    "unset it to record anything",
+                )
+            ]
+        )
     for name in cfg.exporter_names():
         fn = EXPORTER_CHECKS.get(name)
         if name in ("console", "memory"):
@@ -365,15 +517,19 @@ def tasks(cfg: Config, env: Mapping[str, str], timeout: float, min_free: int) ->
         if fn is None:
             out.append(lambda n=name: _unknown(n))
         else:
-            out.append(lambda f=fn, n=name, r=role: [dataclasses.replace(c, subject=c.subject + r)
-                                                      for c in f(cfg, env, timeout, min_free)])
+            out.append(
+                lambda f=fn, n=name, r=role: [
+                    dataclasses.replace(c, subject=c.subject + r) for c in f(cfg, env, timeout, min_free)
+                ]
+            )
     out.append(lambda: local.check_spool(cfg, min_free))
     out.append(lambda: local.check_log_levels(env))
     return out
 
 
-def run_checks(cfg: Config, env: Mapping[str, str] | None = None, timeout: float = 3.0,
-               min_free: int = 1 << 30) -> list[Check]:
+def run_checks(
+    cfg: Config, env: Mapping[str, str] | None = None, timeout: float = 3.0, min_free: int = 1 << 30
+) -> list[Check]:
     """All checks, network ones at the same time; the lines come back in a fixed order."""
     env = os.environ if env is None else env
     jobs = tasks(cfg, env, timeout, min_free)
@@ -387,8 +543,15 @@ def run_checks(cfg: Config, env: Mapping[str, str] | None = None, timeout: float
         try:
             out += f.result(max(0.0, deadline - time.monotonic()))
         except concurrent.futures.TimeoutError:
-            out.append(Check("doctor", "time", "fail", f"a check did not finish within {3 * timeout + 2:g} s",
-                             "run again with a larger --timeout"))
+            out.append(
+                Check(
+                    "doctor",
+                    "time",
+                    "fail",
+                    f"a check did not finish within {3 * timeout + 2:g} s",
+                    "run again with a larger --timeout",
+                )
+            )
         except Exception as exc:  # a check's own bug is a line, not a crash
             out.append(Check("doctor", "internal", "fail", f"{type(exc).__name__}: {exc}", "report this"))
     pool.shutdown(wait=False)
@@ -404,14 +567,24 @@ def format_line(c: Check) -> str:
 
 def add_arguments(parser: Any) -> None:
     parser.description = __doc__.split("\n\n", 1)[1].replace("\n", " ") if __doc__ else None
-    parser.add_argument("overrides", nargs="*", metavar="key=value",
-                        help="the trainer's verl-style overrides, e.g. 'trainer.logger=[console,wandb,mlflow]'")
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="key=value",
+        help="the trainer's verl-style overrides, e.g. 'trainer.logger=[console,wandb,mlflow]'",
+    )
     parser.add_argument("--config", default=None, metavar="YAML", help="the trainer's config file (YAML or JSON)")
     parser.add_argument("--json", action="store_true", help="print the checks as one JSON document")
-    parser.add_argument("--timeout", type=float, default=3.0, metavar="S",
-                        help="seconds allowed to each network step (DNS, TCP, TLS, HTTP; default 3)")
-    parser.add_argument("--min-free", default="1GiB", metavar="SIZE",
-                        help="free disk space below this is a failure (default 1GiB)")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=3.0,
+        metavar="S",
+        help="seconds allowed to each network step (DNS, TCP, TLS, HTTP; default 3)",
+    )
+    parser.add_argument(
+        "--min-free", default="1GiB", metavar="SIZE", help="free disk space below this is a failure (default 1GiB)"
+    )
 
 
 def run(args: Any) -> int:
@@ -427,11 +600,21 @@ def run(args: Any) -> int:
     checks = run_checks(cfg, timeout=max(0.1, args.timeout), min_free=min_free)
     failed = any(c.status == "fail" for c in checks)
     if args.json:
-        print(json.dumps({"ok": not failed, "exporters": cfg.exporter_names(),
-                          "checks": [dataclasses.asdict(c) for c in checks]}, indent=1))
+        print(
+            json.dumps(
+                {
+                    "ok": not failed,
+                    "exporters": cfg.exporter_names(),
+                    "checks": [dataclasses.asdict(c) for c in checks],
+                },
+                indent=1,
+            )
+        )
     else:
-        print(f"otel-rl doctor: exporters {', '.join(cfg.exporter_names()) or 'none'}"
-              + (f"; trace backend {cfg.trace_backend}" if cfg.trace_backend else ""))
+        print(
+            f"otel-rl doctor: exporters {', '.join(cfg.exporter_names()) or 'none'}"
+            + (f"; trace backend {cfg.trace_backend}" if cfg.trace_backend else "")
+        )
         for c in checks:
             print(format_line(c))
         n_fail = sum(c.status == "fail" for c in checks)

@@ -75,17 +75,28 @@ def check_path(subject: str, label: str, path: str, min_free: int, is_file: bool
             break
         existing = parent
     if not os.path.isdir(existing):
-        return [Check(subject, label, "fail", f"{p}: {existing} is a file, not a directory",
-                      "remove it or choose another path")]
+        return [
+            Check(
+                subject,
+                label,
+                "fail",
+                f"{p}: {existing} is a file, not a directory",
+                "remove it or choose another path",
+            )
+        ]
     if is_file and os.path.isdir(p):
         return [Check(subject, label, "fail", f"{p} is a directory, not a file", "choose a file path")]
     err = _write_probe(existing)
-    where = f"{p} (exists)" if os.path.exists(p) else (
-        f"{p} (directory exists)" if existing == d else f"{p} (will be created under {existing})")
+    where = (
+        f"{p} (exists)"
+        if os.path.exists(p)
+        else (f"{p} (directory exists)" if existing == d else f"{p} (will be created under {existing})")
+    )
     out: list[Check] = []
     if err is not None:
-        cause, fix = _WRITE_ERRORS.get(err.errno or 0, (f"cannot write there ({err.strerror or err})",
-                                                           "choose another path"))
+        cause, fix = _WRITE_ERRORS.get(
+            err.errno or 0, (f"cannot write there ({err.strerror or err})", "choose another path")
+        )
         out.append(Check(subject, label, "fail", f"{where}: {cause}", fix))
     elif is_file and os.path.exists(p) and not os.access(p, os.W_OK):
         out.append(Check(subject, label, "fail", f"{p}: the file is not writable", "fix its mode or owner"))
@@ -98,8 +109,15 @@ def check_path(subject: str, label: str, path: str, min_free: int, is_file: bool
         out.append(Check(subject, "free space", "warn", f"cannot read free space of {existing}: {exc}"))
         return out
     if free < min_free:
-        out.append(Check(subject, "free space", "fail", f"{human(free)} free on the filesystem of {existing} "
-                         f"(less than {human(min_free)})", "free disk space, or choose a path on another disk"))
+        out.append(
+            Check(
+                subject,
+                "free space",
+                "fail",
+                f"{human(free)} free on the filesystem of {existing} (less than {human(min_free)})",
+                "free disk space, or choose a path on another disk",
+            )
+        )
     else:
         out.append(Check(subject, "free space", "ok", f"{human(free)} free at {existing}"))
     return out
@@ -108,7 +126,7 @@ def check_path(subject: str, label: str, path: str, min_free: int, is_file: bool
 def store_path(uri: str) -> str | None:
     """The local file or directory of an MLflow tracking URI (None: not local)."""
     if uri.startswith("sqlite:"):
-        rest = uri[len("sqlite:"):]
+        rest = uri[len("sqlite:") :]
         if rest.startswith("////"):
             return "/" + rest[4:].split("?", 1)[0]
         if rest.startswith("///"):
@@ -145,11 +163,21 @@ def check_port(subject: str, host: str, port: int) -> Check:
         s.bind((host, port))
     except OSError as exc:
         if exc.errno == errno.EADDRINUSE:
-            return Check(subject, "port", "warn", f"{host}:{port} is in use (a training still running, or another "
-                         "service): the exporter will not serve metrics", "stop the other process or set "
-                         "otel_rl.prometheus_port (OTEL_EXPORTER_PROMETHEUS_PORT)")
-        return Check(subject, "port", "fail", f"cannot bind {host}:{port} ({exc.strerror or exc})",
-                     "set otel_rl.prometheus_host to an address of this machine")
+            return Check(
+                subject,
+                "port",
+                "warn",
+                f"{host}:{port} is in use (a training still running, or another "
+                "service): the exporter will not serve metrics",
+                "stop the other process or set otel_rl.prometheus_port (OTEL_EXPORTER_PROMETHEUS_PORT)",
+            )
+        return Check(
+            subject,
+            "port",
+            "fail",
+            f"cannot bind {host}:{port} ({exc.strerror or exc})",
+            "set otel_rl.prometheus_host to an address of this machine",
+        )
     finally:
         s.close()
     return Check(subject, "port", "ok", f"{host}:{port} is free")
@@ -162,8 +190,16 @@ def check_spool(cfg: Any, min_free: int) -> list[Check]:
 
     raw = cfg.spool_dir
     if isinstance(raw, str) and raw.strip().lower() in OFF_VALUES:
-        return [Check("spool", "directory", "warn", "spool_dir is off: what a tracker does not take while it is "
-                      "down is lost when the queue fills or the process ends", "unset OTEL_RL_SPOOL_DIR / spool_dir")]
+        return [
+            Check(
+                "spool",
+                "directory",
+                "warn",
+                "spool_dir is off: what a tracker does not take while it is "
+                "down is lost when the queue fills or the process ends",
+                "unset OTEL_RL_SPOOL_DIR / spool_dir",
+            )
+        ]
     root = os.path.abspath(os.path.expanduser(raw)) if raw else default_root()
     out = check_path("spool", "directory", root, min_free)
     if not os.path.isdir(root):
@@ -180,9 +216,16 @@ def check_spool(cfg: Any, min_free: int) -> list[Check]:
             waiting += r.pending_items
             dirs.append(f"{os.path.relpath(path, root)} [{r.exporter}]: {r.pending_items}")
     if waiting:
-        out.append(Check("spool", "undelivered", "warn", f"{waiting} items an earlier run did not deliver "
-                         f"({'; '.join(dirs[:5])}{' ...' if len(dirs) > 5 else ''})",
-                         f"deliver them with `otel-rl replay {root}` (the tracker reachable)"))
+        out.append(
+            Check(
+                "spool",
+                "undelivered",
+                "warn",
+                f"{waiting} items an earlier run did not deliver "
+                f"({'; '.join(dirs[:5])}{' ...' if len(dirs) > 5 else ''})",
+                f"deliver them with `otel-rl replay {root}` (the tracker reachable)",
+            )
+        )
     else:
         out.append(Check("spool", "undelivered", "ok", f"nothing waiting under {root}"))
     if busy:
@@ -206,19 +249,46 @@ def check_log_levels(env: Mapping[str, str]) -> list[Check]:
         if level is None and value.isdigit():
             level = int(value)
         if level is None:
-            out.append(Check("log level", var, "warn", f"{var}={value} is not a level name",
-                             f"set {var}=WARNING (or INFO, DEBUG)"))
+            out.append(
+                Check(
+                    "log level",
+                    var,
+                    "warn",
+                    f"{var}={value} is not a level name",
+                    f"set {var}=WARNING (or INFO, DEBUG)",
+                )
+            )
         elif level > 30:
-            out.append(Check("log level", var, "warn", f"{var}={value}: warnings (delivery failures, spooled or "
-                             "dropped data) are hidden", f"set {var}=WARNING or INFO while you investigate"))
+            out.append(
+                Check(
+                    "log level",
+                    var,
+                    "warn",
+                    f"{var}={value}: warnings (delivery failures, spooled or dropped data) are hidden",
+                    f"set {var}=WARNING or INFO while you investigate",
+                )
+            )
         else:
             out.append(Check("log level", var, "ok", f"{var}={value}"))
     if (env.get("WANDB_SILENT") or "").strip().lower() in ("1", "true", "yes"):
-        out.append(Check("log level", "WANDB_SILENT", "warn", "WANDB_SILENT is on: wandb's own errors are not printed",
-                         "unset WANDB_SILENT while you investigate"))
+        out.append(
+            Check(
+                "log level",
+                "WANDB_SILENT",
+                "warn",
+                "WANDB_SILENT is on: wandb's own errors are not printed",
+                "unset WANDB_SILENT while you investigate",
+            )
+        )
     if not out:
-        out.append(Check("log level", "levels", "ok", "no variable raises a log level above WARNING: otel-rl's "
-                         "warnings are printed"))
+        out.append(
+            Check(
+                "log level",
+                "levels",
+                "ok",
+                "no variable raises a log level above WARNING: otel-rl's warnings are printed",
+            )
+        )
     return out
 
 

@@ -82,11 +82,19 @@ def _connect(host: str, port: int, timeout: float, what: str) -> tuple[socket.so
     try:
         infos = _resolve(host, port, timeout)
     except concurrent.futures.TimeoutError:
-        return None, "dns", f"DNS: no answer for {host} within {timeout:g} s", \
-            "check /etc/resolv.conf or use the proxy your network requires"
+        return (
+            None,
+            "dns",
+            f"DNS: no answer for {host} within {timeout:g} s",
+            "check /etc/resolv.conf or use the proxy your network requires",
+        )
     except socket.gaierror as exc:
-        return None, "dns", f"DNS: cannot resolve {host} ({exc.strerror})", \
-            f"check the {what} host name; behind a firewall, set HTTPS_PROXY"
+        return (
+            None,
+            "dns",
+            f"DNS: cannot resolve {host} ({exc.strerror})",
+            f"check the {what} host name; behind a firewall, set HTTPS_PROXY",
+        )
     except UnicodeError:
         return None, "dns", f"DNS: {host!r} is not a valid host name", f"correct the {what} host name"
     last: tuple[str, str] = ("", "")
@@ -96,12 +104,17 @@ def _connect(host: str, port: int, timeout: float, what: str) -> tuple[socket.so
         try:
             s.connect(addr)
             return s, "", "", ""
-        except socket.timeout:
-            last = (f"TCP: connection to {host}:{port} timed out after {timeout:g} s (a firewall drops the "
-                    "packets, or the host is down)", f"check the firewall rules for port {port}, or the proxy")
+        except TimeoutError:
+            last = (
+                f"TCP: connection to {host}:{port} timed out after {timeout:g} s (a firewall drops the "
+                "packets, or the host is down)",
+                f"check the firewall rules for port {port}, or the proxy",
+            )
         except ConnectionRefusedError:
-            last = (f"TCP: connection to {host}:{port} refused (nothing listens there)",
-                    f"start the {what} or correct the port")
+            last = (
+                f"TCP: connection to {host}:{port} refused (nothing listens there)",
+                f"start the {what} or correct the port",
+            )
         except OSError as exc:
             if exc.errno in (errno.ENETUNREACH, errno.EHOSTUNREACH):
                 last = (f"TCP: {host}:{port} unreachable ({exc.strerror})", "check the network route or the proxy")
@@ -121,9 +134,18 @@ def _recv_head(s: socket.socket) -> bytes:
     return data
 
 
-def probe(url: str, *, method: str = "GET", path: str = "", headers: dict[str, str] | None = None,
-          body: bytes | None = None, proxy: str | None = None, timeout: float = 3.0, what: str = "server",
-          cafile: str | None = None) -> Probe:
+def probe(
+    url: str,
+    *,
+    method: str = "GET",
+    path: str = "",
+    headers: dict[str, str] | None = None,
+    body: bytes | None = None,
+    proxy: str | None = None,
+    timeout: float = 3.0,
+    what: str = "server",
+    cafile: str | None = None,
+) -> Probe:
     """Reach ``url + path`` and send one request; the first step that fails names the cause."""
     t0 = time.monotonic()
     res = _probe(url, method, path, headers or {}, body, proxy, timeout, what, cafile)
@@ -131,8 +153,17 @@ def probe(url: str, *, method: str = "GET", path: str = "", headers: dict[str, s
     return res
 
 
-def _probe(url: str, method: str, path: str, headers: dict[str, str], body: bytes | None, proxy: str | None,
-           timeout: float, what: str, cafile: str | None) -> Probe:
+def _probe(
+    url: str,
+    method: str,
+    path: str,
+    headers: dict[str, str],
+    body: bytes | None,
+    proxy: str | None,
+    timeout: float,
+    what: str,
+    cafile: str | None,
+) -> Probe:
     shown = redact_url(url)
     try:
         p = urllib.parse.urlsplit(url)
@@ -149,39 +180,64 @@ def _probe(url: str, method: str, path: str, headers: dict[str, str], body: byte
     if proxy:
         pp = urllib.parse.urlsplit(proxy if "://" in proxy else "http://" + proxy)
         if not pp.hostname:
-            return Probe(shown, False, "proxy", f"proxy setting is not a URL: {via}", "set it like http://host:3128",
-                         via=via)
+            return Probe(
+                shown, False, "proxy", f"proxy setting is not a URL: {via}", "set it like http://host:3128", via=via
+            )
         s, stage, cause, fix = _connect(pp.hostname, pp.port or 3128, timeout, "proxy")
         if s is None:
-            return Probe(shown, False, "proxy", f"proxy {via}: {cause}", "check the proxy address (HTTPS_PROXY, "
-                         "trainer.wandb_proxy) or unset it", via=via)
+            return Probe(
+                shown,
+                False,
+                "proxy",
+                f"proxy {via}: {cause}",
+                "check the proxy address (HTTPS_PROXY, trainer.wandb_proxy) or unset it",
+                via=via,
+            )
         auth = {}
         if pp.username:
-            token = base64.b64encode(f"{urllib.parse.unquote(pp.username)}:"
-                                     f"{urllib.parse.unquote(pp.password or '')}".encode()).decode()
+            token = base64.b64encode(
+                f"{urllib.parse.unquote(pp.username)}:{urllib.parse.unquote(pp.password or '')}".encode()
+            ).decode()
             auth["Proxy-Authorization"] = f"Basic {token}"
         if p.scheme == "https":
             lines = [f"CONNECT {host}:{port} HTTP/1.1", f"Host: {host}:{port}"] + [f"{k}: {v}" for k, v in auth.items()]
             try:
                 s.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
                 head = _recv_head(s)
-            except socket.timeout:
+            except TimeoutError:
                 s.close()
-                return Probe(shown, False, "proxy", f"proxy {via} did not answer CONNECT within {timeout:g} s",
-                             "check the proxy", via=via)
+                return Probe(
+                    shown,
+                    False,
+                    "proxy",
+                    f"proxy {via} did not answer CONNECT within {timeout:g} s",
+                    "check the proxy",
+                    via=via,
+                )
             except OSError as exc:
                 s.close()
-                return Probe(shown, False, "proxy", f"proxy {via} closed the connection ({exc})", "check the proxy",
-                             via=via)
+                return Probe(
+                    shown, False, "proxy", f"proxy {via} closed the connection ({exc})", "check the proxy", via=via
+                )
             code = _status_of(head)
             if code != 200:
                 s.close()
-                why = "needs credentials (407)" if code == 407 else (
-                    f"refused the tunnel to {host}:{port} ({_status_line(head) or 'no answer'})")
-                return Probe(shown, False, "proxy", f"proxy {via} {why}",
-                             "put user:password in the proxy URL" if code == 407 else
-                             f"ask for {host}:{port} to be allowed through the proxy, or set NO_PROXY={host}",
-                             status=code, via=via)
+                why = (
+                    "needs credentials (407)"
+                    if code == 407
+                    else (f"refused the tunnel to {host}:{port} ({_status_line(head) or 'no answer'})")
+                )
+                return Probe(
+                    shown,
+                    False,
+                    "proxy",
+                    f"proxy {via} {why}",
+                    "put user:password in the proxy URL"
+                    if code == 407
+                    else f"ask for {host}:{port} to be allowed through the proxy, or set NO_PROXY={host}",
+                    status=code,
+                    via=via,
+                )
             absolute = None
         else:
             headers = {**headers, **auth}
@@ -192,22 +248,41 @@ def _probe(url: str, method: str, path: str, headers: dict[str, str], body: byte
             return Probe(shown, False, stage, cause, fix)
         absolute = None
     if p.scheme == "https":
-        ctx = ssl.create_default_context(cafile=cafile or os.environ.get("REQUESTS_CA_BUNDLE")
-                                         or os.environ.get("SSL_CERT_FILE") or None)
+        ctx = ssl.create_default_context(
+            cafile=cafile or os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("SSL_CERT_FILE") or None
+        )
         try:
             s = ctx.wrap_socket(s, server_hostname=host)
         except ssl.SSLCertVerificationError as exc:
             s.close()
-            return Probe(shown, False, "tls", f"TLS: certificate of {host} not trusted ({exc.verify_message})",
-                         "set REQUESTS_CA_BUNDLE / SSL_CERT_FILE to your CA bundle", via=via)
-        except socket.timeout:
+            return Probe(
+                shown,
+                False,
+                "tls",
+                f"TLS: certificate of {host} not trusted ({exc.verify_message})",
+                "set REQUESTS_CA_BUNDLE / SSL_CERT_FILE to your CA bundle",
+                via=via,
+            )
+        except TimeoutError:
             s.close()
-            return Probe(shown, False, "tls", f"TLS: no handshake answer from {host}:{port} within {timeout:g} s",
-                         "check that the port serves HTTPS", via=via)
+            return Probe(
+                shown,
+                False,
+                "tls",
+                f"TLS: no handshake answer from {host}:{port} within {timeout:g} s",
+                "check that the port serves HTTPS",
+                via=via,
+            )
         except (ssl.SSLError, OSError) as exc:
             s.close()
-            return Probe(shown, False, "tls", f"TLS handshake with {host}:{port} failed ({exc}); is it plain HTTP?",
-                         "use http:// if the server has no TLS, or check its certificate", via=via)
+            return Probe(
+                shown,
+                False,
+                "tls",
+                f"TLS handshake with {host}:{port} failed ({exc}); is it plain HTTP?",
+                "use http:// if the server has no TLS, or check its certificate",
+                via=via,
+            )
     try:
         conn = http.client.HTTPConnection(host, port, timeout=timeout)
         conn.sock = s
@@ -220,15 +295,27 @@ def _probe(url: str, method: str, path: str, headers: dict[str, str], body: byte
         resp = conn.getresponse()
         data = resp.read(65536)
         conn.close()
-    except socket.timeout:
+    except TimeoutError:
         s.close()
-        return Probe(shown, False, "http", f"HTTP: connected to {host}:{port} but no answer within {timeout:g} s "
-                     "(the service hangs, or something in the way holds the connection)",
-                     f"check that the {what} is healthy; restart it", via=via)
+        return Probe(
+            shown,
+            False,
+            "http",
+            f"HTTP: connected to {host}:{port} but no answer within {timeout:g} s "
+            "(the service hangs, or something in the way holds the connection)",
+            f"check that the {what} is healthy; restart it",
+            via=via,
+        )
     except (http.client.HTTPException, OSError) as exc:
         s.close()
-        return Probe(shown, False, "http", f"HTTP: {host}:{port} closed the connection or answered garbage "
-                     f"({type(exc).__name__}: {exc})", f"check that port {port} serves HTTP(S) for the {what}", via=via)
+        return Probe(
+            shown,
+            False,
+            "http",
+            f"HTTP: {host}:{port} closed the connection or answered garbage ({type(exc).__name__}: {exc})",
+            f"check that port {port} serves HTTP(S) for the {what}",
+            via=via,
+        )
     code = resp.status
     res = Probe(shown, 200 <= code < 300, "http", status=code, body=data, via=via)
     if not res.ok:
@@ -238,8 +325,11 @@ def _probe(url: str, method: str, path: str, headers: dict[str, str], body: byte
 
 def http_cause(code: int, what: str) -> tuple[str, str]:
     if code in (401, 403):
-        return (f"HTTP {code}: the {what} rejected the credentials" if code == 401 else
-                f"HTTP 403: the {what} refused access with these credentials"), "check the key or token"
+        return (
+            f"HTTP {code}: the {what} rejected the credentials"
+            if code == 401
+            else f"HTTP 403: the {what} refused access with these credentials"
+        ), "check the key or token"
     if code == 407:
         return "HTTP 407: the proxy needs credentials", "put user:password in the proxy URL"
     if code == 404:

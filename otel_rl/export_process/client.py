@@ -13,8 +13,8 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .._console import ConsoleTee
 from .._batch import ExporterStats
+from .._console import ConsoleTee
 from .._values import warn_once
 from ..exporters.base import Exporter
 from ..records import Trajectory
@@ -44,9 +44,11 @@ STOP_MARGIN_S = 0.5
 # Ctrl-C and SIGTERM are the trainer's to handle (a job scheduler may send them to every process of the job): it
 # stops the export process in order, after its last batches.  Set first thing, before the imports (`server.main`
 # again)
-CHILD = ("import signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
-         "signal.signal(signal.SIGTERM, lambda s, f: None); "
-         "from otel_rl.export_process.server import main; sys.exit(main(sys.argv[1:]))")
+CHILD = (
+    "import signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+    "signal.signal(signal.SIGTERM, lambda s, f: None); "
+    "from otel_rl.export_process.server import main; sys.exit(main(sys.argv[1:]))"
+)
 
 
 class RemoteExporter(Exporter):
@@ -110,8 +112,12 @@ class RemoteQueue:
 class ExportProcessClient:
     """Starts the export process and feeds it (one sender and one reader thread)."""
 
-    def __init__(self, config: Any, exporters: Sequence[tuple[str, type, bool]],
-                 on_death: Callable[[ExportProcessClient, list], None] | None = None):
+    def __init__(
+        self,
+        config: Any,
+        exporters: Sequence[tuple[str, type, bool]],
+        on_death: Callable[[ExportProcessClient, list], None] | None = None,
+    ):
         self.config = config
         self.exporters = [RemoteExporter(n, cls, wt, self) for n, cls, wt in exporters]
         self.queues = [RemoteQueue(e, self) for e in self.exporters]
@@ -136,8 +142,12 @@ class ExportProcessClient:
         self.dropped = 0
         self.outcome: Any = None  # how the training process ends (otel_rl._exit.Outcome), sent with `Stop`
         self._handlers: dict[type, Callable[[Any], None]] = {
-            Stats: self._on_stats, Flushed: self._on_flushed, Ready: self._on_ready, Stopped: self._on_stopped,
-            Done: self._on_done}
+            Stats: self._on_stats,
+            Flushed: self._on_flushed,
+            Ready: self._on_ready,
+            Stopped: self._on_stopped,
+            Done: self._on_done,
+        }
         r_in, w_in = os.pipe()  # trainer -> child
         r_out, w_out = os.pipe()  # child -> trainer
         env = dict(os.environ)
@@ -147,9 +157,13 @@ class ExportProcessClient:
             # in a session of its own: Ctrl-C in a terminal, or a signal to the trainer's process group, is the
             # trainer's to handle (it stops this process in order, after its last batches; a trainer that dies
             # closes the pipe, and this process delivers what it has and ends)
-            self.proc = subprocess.Popen([sys.executable, "-c", CHILD, str(r_in), str(w_out)],
-                                         pass_fds=(r_in, w_out), env=env, stdin=subprocess.DEVNULL,
-                                         start_new_session=True)
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", CHILD, str(r_in), str(w_out)],
+                pass_fds=(r_in, w_out),
+                env=env,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         finally:
             os.close(r_in)
             os.close(w_out)
@@ -158,12 +172,16 @@ class ExportProcessClient:
         # this process's console, for the tracker runs there that record one (`otel_rl._console`)
         self.console: ConsoleTee | None = None
         self._console_lost = 0
-        if getattr(config, "forward_console", True) and any(getattr(e.exporter_class, "captures_console", False)
-                                                            for e in self.exporters):
+        if getattr(config, "forward_console", True) and any(
+            getattr(e.exporter_class, "captures_console", False) for e in self.exporters
+        ):
             self.console = ConsoleTee()
             self.console.install()
-        self._out.append(Hello(config, [(e.name, e.wants_trajectories) for e in self.exporters],
-                               getattr(config, "queue_size", 100_000)))
+        self._out.append(
+            Hello(
+                config, [(e.name, e.wants_trajectories) for e in self.exporters], getattr(config, "queue_size", 100_000)
+            )
+        )
         self._sender = threading.Thread(target=self._send_loop, name="otel-rl-export-process-send", daemon=True)
         self._reader = threading.Thread(target=self._read_loop, name="otel-rl-export-process-read", daemon=True)
         self._sender.start()
@@ -177,8 +195,9 @@ class ExportProcessClient:
     def wants_trajectories(self) -> bool:
         return any(e.wants_trajectories for e in self.exporters)
 
-    def send(self, records: list, names: Sequence[str], wire: list | None = None,
-             resource_attrs: dict | None = None) -> None:
+    def send(
+        self, records: list, names: Sequence[str], wire: list | None = None, resource_attrs: dict | None = None
+    ) -> None:
         """Hand `records`, and the packed spans `wire` (`otel_rl._wire`) of which the export process
         builds the trajectories, to its exporters `names`.  Never blocks on it."""
         if not any(self._by_name[n].exporter.wants_trajectories for n in names if n in self._by_name):
@@ -193,11 +212,13 @@ class ExportProcessClient:
         payload = None
         if self.alive:  # (once the child is gone, the batch goes to its in-process takeover as it is)
             try:
-                payload = pickle.dumps(Shipment(records, tuple(names), wire, resource_attrs),
-                                       protocol=pickle.HIGHEST_PROTOCOL)
+                payload = pickle.dumps(
+                    Shipment(records, tuple(names), wire, resource_attrs), protocol=pickle.HIGHEST_PROTOCOL
+                )
             except Exception as exc:  # not expected: records and packed spans are plain data
-                _log.error("otel-rl: a batch for the export process could not be pickled (%s); %d items dropped",
-                           exc, n_items)
+                _log.error(
+                    "otel-rl: a batch for the export process could not be pickled (%s); %d items dropped", exc, n_items
+                )
                 self.dropped += n_items
                 return
         with self._cond:
@@ -229,8 +250,13 @@ class ExportProcessClient:
         lost = tee.lost_chars - self._console_lost
         if lost > 0:
             self._console_lost = tee.lost_chars
-            chunks.append(("stderr", f"otel-rl: {lost} characters of the console output are missing here (more than "
-                                     f"{tee.max_chars} were waiting to be forwarded to the tracker runs)\n"))
+            chunks.append(
+                (
+                    "stderr",
+                    f"otel-rl: {lost} characters of the console output are missing here (more than "
+                    f"{tee.max_chars} were waiting to be forwarded to the tracker runs)\n",
+                )
+            )
         if chunks:
             self.control(Console(chunks))
 
@@ -295,8 +321,11 @@ class ExportProcessClient:
             self.request_stop(timeout_s)
         stopped = self._stopped.wait(max(0.0, deadline - time.monotonic()))
         if not self._done.wait(max(0.5 if stopped else 0.0, deadline - time.monotonic())):
-            _log.warning("otel-rl: the export process (pid %d) is still finishing its tracker runs; "
-                         "it exits on its own when done", self.proc.pid)
+            _log.warning(
+                "otel-rl: the export process (pid %d) is still finishing its tracker runs; "
+                "it exits on its own when done",
+                self.proc.pid,
+            )
         self._sender.join(1.0)
 
     # -- threads ---------------------------------------------------------------------------
@@ -333,8 +362,11 @@ class ExportProcessClient:
     def _handle(self, msg: Any) -> None:
         handler = self._handlers.get(type(msg))
         if handler is None:
-            warn_once(f"export-process-message:{type(msg).__name__}",
-                      "otel-rl: the export process sent an unknown message (%s); ignored", type(msg).__name__)
+            warn_once(
+                f"export-process-message:{type(msg).__name__}",
+                "otel-rl: the export process sent an unknown message (%s); ignored",
+                type(msg).__name__,
+            )
             return
         handler(msg)
 
@@ -397,9 +429,13 @@ class ExportProcessClient:
             self._adopted.set()
             return
         code = self.proc.returncode
-        _log.error("otel-rl: the export process ended unexpectedly (exit code %s); its exporters (%s) continue "
-                   "in the training process, %d batches not confirmed by it are delivered again",
-                   code, ", ".join(self.names), len(left))
+        _log.error(
+            "otel-rl: the export process ended unexpectedly (exit code %s); its exporters (%s) continue "
+            "in the training process, %d batches not confirmed by it are delivered again",
+            code,
+            ", ".join(self.names),
+            len(left),
+        )
         try:
             if self._on_death is not None:
                 self._on_death(self, left)

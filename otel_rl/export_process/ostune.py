@@ -49,8 +49,11 @@ def set_cpus(spec: str | None) -> None:
 
             cpus = parse_cpu_list(spec) & allowed
             if not cpus:
-                _log.warning("otel-rl: export_process_cpus=%s: none of these CPUs is available (%s); not set",
-                             spec, sorted(allowed))
+                _log.warning(
+                    "otel-rl: export_process_cpus=%s: none of these CPUs is available (%s); not set",
+                    spec,
+                    sorted(allowed),
+                )
                 return
         try:
             tids = [int(t) for t in os.listdir("/proc/self/task")]

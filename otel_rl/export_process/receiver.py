@@ -16,8 +16,13 @@ class Receiver:
     (`otel_rl._wire`) whose trajectories are built here.  The export process has one; so do the queues
     that take over in the training process when it dies (`Pipeline.adopt`)."""
 
-    def __init__(self, queues: dict[str, Any], on_missing: Any = None, tokenizers: dict[int, Any] | None = None,
-                 max_chars: int = DEFAULT_MAX_CHARS):
+    def __init__(
+        self,
+        queues: dict[str, Any],
+        on_missing: Any = None,
+        tokenizers: dict[int, Any] | None = None,
+        max_chars: int = DEFAULT_MAX_CHARS,
+    ):
         self.queues = queues
         self.on_missing = on_missing  # called (name, n records) for a name without a queue
         self.tokenizers: dict[int, Any] = tokenizers if tokenizers is not None else {}  # token2text: key -> tokenizer
@@ -25,8 +30,14 @@ class Receiver:
         self._builder = RecordBuilder()
         self._lock = threading.Lock()
 
-    def put(self, records: list, names: Sequence[str], wire: list | None = None,
-            resource_attrs: dict | None = None, seq: int = 0) -> None:
+    def put(
+        self,
+        records: list,
+        names: Sequence[str],
+        wire: list | None = None,
+        resource_attrs: dict | None = None,
+        seq: int = 0,
+    ) -> None:
         if wire:
             from .._token2text import decode_packed
 

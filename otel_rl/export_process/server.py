@@ -16,9 +16,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from .._exit import Outcome, quick_exit, tell_outcome
 from .._batch import ExporterStats
 from .._delivery import DeliveryQueue, wait_all_idle
+from .._exit import Outcome, quick_exit, tell_outcome
 from .._values import warn_once
 from .frames import read_frame, write_frame
 from .ostune import lower_priority, mark_absent, set_cpus
@@ -137,8 +137,9 @@ class Server:
         try:
             self.receiver.tokenizers[key] = pickle.loads(blob)
         except Exception as exc:  # its outputs keep their ids (decode_packed warns)
-            _log.warning("otel-rl: export process: token2text tokenizer could not be loaded (%s: %s)",
-                         type(exc).__name__, exc)
+            _log.warning(
+                "otel-rl: export process: token2text tokenizer could not be loaded (%s: %s)", type(exc).__name__, exc
+            )
 
     def _stats_loop(self) -> None:
         next_stats = time.monotonic() + _STATS_INTERVAL_S
@@ -184,8 +185,14 @@ class Server:
                 gc.freeze()
                 gc.enable()
 
-    def put(self, seq: int, records: list, names: Sequence[str], wire: list | None = None,
-            resource_attrs: dict | None = None) -> None:
+    def put(
+        self,
+        seq: int,
+        records: list,
+        names: Sequence[str],
+        wire: list | None = None,
+        resource_attrs: dict | None = None,
+    ) -> None:
         self.receiver.put(records, names, wire, resource_attrs, seq)
         self.received = seq
 
@@ -198,8 +205,9 @@ class Server:
             try:
                 write(chunks)
             except Exception as exc:
-                warn_once(f"console:{q.name}", "otel-rl: exporter %r could not take the console output: %s",
-                          q.name, exc)
+                warn_once(
+                    f"console:{q.name}", "otel-rl: exporter %r could not take the console output: %s", q.name, exc
+                )
 
     def _missing(self, name: str, n: int) -> None:
         if name in self.errors:  # an exporter that could not start: what it misses is counted as dropped
@@ -228,8 +236,10 @@ class Server:
                 tell_outcome(q.exporter, ended)
         # Each exporter finishes on its own thread: its last delivery, its flush, its tracker run closed.
         # None waits for another's: the trainer waits for the slowest of them, not for their sum.
-        threads = [threading.Thread(target=_finish_queue, args=(q, deadline, ended), name=f"otel-rl-stop-{q.name}")
-                   for q in self.queues.values()]
+        threads = [
+            threading.Thread(target=_finish_queue, args=(q, deadline, ended), name=f"otel-rl-stop-{q.name}")
+            for q in self.queues.values()
+        ]
         for t in threads:
             t.start()
         for t in threads:
@@ -241,8 +251,13 @@ class Server:
         """Handle the training process's messages until `Stop`, or the end of its pipe (it is gone: what there
         is gets delivered all the same); then stop."""
         handlers: dict[type, Callable[[Any], None]] = {
-            Batch: self._on_batch, Flush: self._on_flush, Routing: self._on_routing, Hello: self._on_hello,
-            Tokenizer: self._on_tokenizer, Console: self._on_console}
+            Batch: self._on_batch,
+            Flush: self._on_flush,
+            Routing: self._on_routing,
+            Hello: self._on_hello,
+            Tokenizer: self._on_tokenizer,
+            Console: self._on_console,
+        }
         stop = Stop(30.0)
         while True:
             try:
@@ -257,8 +272,11 @@ class Server:
                 break
             handler = handlers.get(type(msg))
             if handler is None:
-                warn_once(f"export-process-message:{type(msg).__name__}",
-                          "otel-rl: export process: unknown message (%s); ignored", type(msg).__name__)
+                warn_once(
+                    f"export-process-message:{type(msg).__name__}",
+                    "otel-rl: export process: unknown message (%s); ignored",
+                    type(msg).__name__,
+                )
                 continue
             handler(msg)
         self.stop(float(stop.timeout_s), stop.failure)

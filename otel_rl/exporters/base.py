@@ -33,8 +33,16 @@ from .._values import warn_once  # re-exported: exporters log a problem once per
 __all__ = ["DATA_ERRORS", "Exporter", "is_data_error", "warn_once"]
 
 #: errors that say "this data is wrong", not "the tracker is unreachable"
-DATA_ERRORS = (ValueError, TypeError, KeyError, AttributeError, IndexError, RecursionError, NotImplementedError,
-               OverflowError)
+DATA_ERRORS = (
+    ValueError,
+    TypeError,
+    KeyError,
+    AttributeError,
+    IndexError,
+    RecursionError,
+    NotImplementedError,
+    OverflowError,
+)
 
 
 def is_data_error(exc: BaseException) -> bool:

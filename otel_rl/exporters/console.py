@@ -25,7 +25,6 @@ from typing import Any, TextIO
 from ..records import StepMetrics
 from .base import Exporter
 
-
 _PLAIN = (float, int, bool)  # pprint.pformat of these is their repr
 
 

@@ -109,11 +109,17 @@ class JsonlExporter(Exporter):
         except OSError as exc:
             from ..config import ConfigError
 
-            source = ("jsonl_path" if getattr(config, "jsonl_path", None) else
-                      "VERL_FILE_LOGGER_PATH" if os.environ.get("VERL_FILE_LOGGER_PATH") else
-                      "VERL_FILE_LOGGER_ROOT/<project>/<experiment>.jsonl")
-            raise ConfigError(f"the JSONL file {os.path.abspath(self.path)!r} (from {source}) cannot be opened for "
-                              f"appending: {exc.strerror or exc}") from exc
+            source = (
+                "jsonl_path"
+                if getattr(config, "jsonl_path", None)
+                else "VERL_FILE_LOGGER_PATH"
+                if os.environ.get("VERL_FILE_LOGGER_PATH")
+                else "VERL_FILE_LOGGER_ROOT/<project>/<experiment>.jsonl"
+            )
+            raise ConfigError(
+                f"the JSONL file {os.path.abspath(self.path)!r} (from {source}) cannot be opened for "
+                f"appending: {exc.strerror or exc}"
+            ) from exc
         self._batch: Any = None  # the batch whose write failed part-way (a retry gets the same list)
         self._lines_done = 0  # ... how many of its lines are in the file
         self._torn = b""  # the start of a line the file could not be cut back from: finished first
@@ -125,7 +131,7 @@ class JsonlExporter(Exporter):
             self._batch, self._lines_done = records, 0
             if self._torn:
                 self._cut_torn()
-        self._write_lines(lines[self._lines_done:])
+        self._write_lines(lines[self._lines_done :])
         self._batch, self._lines_done = None, 0
 
     def _write_lines(self, lines: list[bytes]) -> None:
@@ -133,7 +139,7 @@ class JsonlExporter(Exporter):
         `_lines_done`, where the retry of the batch starts) and the error goes to the queue."""
         fd = self._fp.fileno()
         torn = self._torn  # the start of lines[0], already in the file
-        data = memoryview(b"".join(lines))[len(torn):]
+        data = memoryview(b"".join(lines))[len(torn) :]
         start = os.fstat(fd).st_size - len(torn)  # where `lines` begin in the file
         pos = 0
         try:
@@ -146,7 +152,7 @@ class JsonlExporter(Exporter):
                 whole += len(lines[n])
                 n += 1
             self._lines_done += n
-            self._torn = lines[n][:done - whole] if n < len(lines) else b""
+            self._torn = lines[n][: done - whole] if n < len(lines) else b""
             self._cut_torn(start + whole)
             raise
         self._torn = b""

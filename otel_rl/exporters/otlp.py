@@ -20,8 +20,16 @@ PROTOCOLS = ("grpc", "http/protobuf")
 
 
 def _protocol(config: Any) -> str:
-    p = (getattr(config, "otlp_protocol", None) or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
-         or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "http/protobuf").strip().lower()
+    p = (
+        (
+            getattr(config, "otlp_protocol", None)
+            or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+            or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+            or "http/protobuf"
+        )
+        .strip()
+        .lower()
+    )
     if p == "http":
         p = "http/protobuf"
     if p not in PROTOCOLS:

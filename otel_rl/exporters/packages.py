@@ -86,8 +86,9 @@ class _Hider(importlib.abc.MetaPathFinder):
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
         names = self.hidden.get(threading.get_ident())
         if names and name.partition(".")[0] in names:
-            raise ModuleNotFoundError(f"No module named {name!r} (hidden by otel-rl while a tracker library "
-                                      "imports)", name=name)
+            raise ModuleNotFoundError(
+                f"No module named {name!r} (hidden by otel-rl while a tracker library imports)", name=name
+            )
         return None
 
 

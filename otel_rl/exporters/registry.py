@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from importlib import metadata
-from typing import Any, Callable
+from typing import Any
 
 from .base import Exporter
 
@@ -39,8 +40,15 @@ KNOWN_MISSING: dict[str, str] = {
 
 # The library each tracker exporter drives: checked before the exporter is created, so a
 # missing one fails at init() with the command to run, not later on the delivery thread.
-REQUIRES: dict[str, str] = {"mlflow": "mlflow", "wandb": "wandb", "swanlab": "swanlab", "weave": "weave",
-                            "tensorboard": "tensorboard", "trackio": "trackio", "clearml": "clearml"}
+REQUIRES: dict[str, str] = {
+    "mlflow": "mlflow",
+    "wandb": "wandb",
+    "swanlab": "swanlab",
+    "weave": "weave",
+    "tensorboard": "tensorboard",
+    "trackio": "trackio",
+    "clearml": "clearml",
+}
 
 # What the built-in exporters import when they are created (checked by `unusable`).
 BUILTIN_NEEDS: dict[str, tuple[str, ...]] = {
@@ -100,9 +108,7 @@ def resolve_factory(name: str) -> Callable[..., Exporter]:
         hint = f" The {name!r} exporter is a separate distribution: run `{KNOWN_MISSING[name]}`."
     elif name in UNSUPPORTED:
         hint = f" verl's {name!r} logger has no otel-rl exporter; use OTLP to reach other backends."
-    raise UnknownExporterError(
-        f"unknown exporter {name!r}.{hint} Installed exporters: {', '.join(installed_names())}."
-    )
+    raise UnknownExporterError(f"unknown exporter {name!r}.{hint} Installed exporters: {', '.join(installed_names())}.")
 
 
 def store_client(name: str, location: str) -> Any:

@@ -129,9 +129,14 @@ class TrackerExporter(Exporter):
     def _take_console_pending(self) -> list[tuple[str, str]]:
         chunks, self._console_pending, self._console_pending_chars = self._console_pending, [], 0
         if self._console_dropped:
-            chunks.append(("stderr", f"otel-rl: {self._console_dropped} characters of the training process's console "
-                                     f"output, printed before this run opened, are missing here (more than "
-                                     f"{self.console_pending_max} were waiting)\n"))
+            chunks.append(
+                (
+                    "stderr",
+                    f"otel-rl: {self._console_dropped} characters of the training process's console "
+                    f"output, printed before this run opened, are missing here (more than "
+                    f"{self.console_pending_max} were waiting)\n",
+                )
+            )
             self._console_dropped = 0
         return chunks
 
@@ -152,8 +157,11 @@ class TrackerExporter(Exporter):
             self._inflight = records
         groups: OrderedDict[RunIdentity, list[Any]] = OrderedDict()
         for r in records:
-            if type(r) in (StepMetrics, Generations) and not -STEP_LIMIT <= r.step < STEP_LIMIT \
-                    and id(r) not in self._written:
+            if (
+                type(r) in (StepMetrics, Generations)
+                and not -STEP_LIMIT <= r.step < STEP_LIMIT
+                and id(r) not in self._written
+            ):
                 # (log() refuses these; a spool of an older version or another sender may hold one)
                 self.reject_record(r, ValueError("a step outside the signed 64-bit range trackers store"))
                 self._written[id(r)] = r
@@ -247,8 +255,14 @@ class TrackerExporter(Exporter):
         else:
             what = type(r).__name__
         more = "" if n <= REJECTS_LOGGED else f" ({n} rejected so far; not every one is logged)"
-        _log.warning("otel-rl: exporter %r: the tracker refused %s (%s: %s); rejected, the rest is delivered%s",
-                     self.name, what, type(exc).__name__, str(exc)[:300], more)
+        _log.warning(
+            "otel-rl: exporter %r: the tracker refused %s (%s: %s); rejected, the rest is delivered%s",
+            self.name,
+            what,
+            type(exc).__name__,
+            str(exc)[:300],
+            more,
+        )
 
     def shutdown(self) -> None:
         for handle in list(self.runs.values()):

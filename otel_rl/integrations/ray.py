@@ -55,8 +55,17 @@ from .._runtime import STEP
 from ..instrument import _StepState
 
 __all__ = [
-    "CONTEXT_KWARG", "STEP_KEY", "actor_options", "init_worker", "inject", "propagated", "ray_rank",
-    "runtime_env", "step_context", "worker_env", "worker_settings",
+    "CONTEXT_KWARG",
+    "STEP_KEY",
+    "actor_options",
+    "init_worker",
+    "inject",
+    "propagated",
+    "ray_rank",
+    "runtime_env",
+    "step_context",
+    "worker_env",
+    "worker_settings",
 ]
 
 #: keyword argument that `propagated` takes the driver's carrier from
@@ -65,8 +74,11 @@ CONTEXT_KWARG = "otel_rl_context"
 STEP_KEY = "otel-rl-step"
 
 # the driver's OTLP settings that workers need to reach the same collector (no headers: secrets)
-_FORWARDED = tuple(f"OTEL_EXPORTER_OTLP_{kind}{what}" for kind in ("", "TRACES_", "METRICS_")
-                   for what in ("ENDPOINT", "PROTOCOL", "INSECURE")) + ("OTEL_SERVICE_NAME", "OTEL_PROPAGATORS")
+_FORWARDED = tuple(
+    f"OTEL_EXPORTER_OTLP_{kind}{what}"
+    for kind in ("", "TRACES_", "METRICS_")
+    for what in ("ENDPOINT", "PROTOCOL", "INSECURE")
+) + ("OTEL_SERVICE_NAME", "OTEL_PROPAGATORS")
 _RANK_ENV = (sc.ENV_RANK, "RANK", "LOCAL_RANK")
 
 
@@ -91,8 +103,13 @@ def worker_env(handle: Handle | None = None) -> dict[str, str]:
     return env
 
 
-def runtime_env(handle: Handle | None = None, base: Mapping[str, Any] | None = None, *, rank: int | None = None,
-                exporters: Any = None) -> dict[str, Any]:
+def runtime_env(
+    handle: Handle | None = None,
+    base: Mapping[str, Any] | None = None,
+    *,
+    rank: int | None = None,
+    exporters: Any = None,
+) -> dict[str, Any]:
     """A Ray ``runtime_env`` (`base` plus ``env_vars``) for workers of `handle`'s run.
 
     Variables already in `base` win over the run's; `rank` and `exporters` (names)
@@ -168,9 +185,13 @@ def worker_settings(rank: int | None = None) -> dict[str, Any]:
     attrs: dict[str, Any] = {}
     rc = _ray_context()
     if rc is not None:
-        for key, getter in (("ray.job.id", "get_job_id"), ("ray.node.id", "get_node_id"),
-                            ("ray.worker.id", "get_worker_id"), ("ray.actor.id", "get_actor_id"),
-                            ("ray.actor.name", "get_actor_name")):
+        for key, getter in (
+            ("ray.job.id", "get_job_id"),
+            ("ray.node.id", "get_node_id"),
+            ("ray.worker.id", "get_worker_id"),
+            ("ray.actor.id", "get_actor_id"),
+            ("ray.actor.name", "get_actor_name"),
+        ):
             try:
                 v = getattr(rc, getter)()
             except Exception:
@@ -252,6 +273,7 @@ def propagated(fn: Callable[..., Any]) -> Callable[..., Any]:
     ``@ray.remote`` for tasks.
     """
     if inspect.iscoroutinefunction(fn):
+
         @functools.wraps(fn)
         async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
             carrier = kwargs.pop(CONTEXT_KWARG, None)

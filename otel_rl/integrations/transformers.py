@@ -52,8 +52,9 @@ from otel_rl import semconv as sc
 try:
     from transformers import TrainerCallback
 except ImportError as exc:  # pragma: no cover - exercised only without transformers
-    raise ImportError("otel_rl.integrations.transformers needs the `transformers` package "
-                      "(pip install 'transformers>=5.5.3')") from exc
+    raise ImportError(
+        "otel_rl.integrations.transformers needs the `transformers` package (pip install 'transformers>=5.5.3')"
+    ) from exc
 
 __all__ = ["OtelRLCallback", "RewardTracer", "trace_rewards", "OVERLAPPING_REPORTERS"]
 
@@ -97,7 +98,8 @@ class OtelRLCallback(TrainerCallback):
         settings = dict(self._settings)
         if "experiment" not in settings and not os.environ.get("OTEL_RL_EXPERIMENT"):
             name = getattr(args, "run_name", None) or os.path.basename(
-                os.path.normpath(os.path.abspath(getattr(args, "output_dir", None) or "trainer")))
+                os.path.normpath(os.path.abspath(getattr(args, "output_dir", None) or "trainer"))
+            )
             settings["experiment"] = str(name)
         if "run_id" not in settings and not os.environ.get(sc.ENV_RUN_ID):
             shared = _shared_run_id()
@@ -126,8 +128,12 @@ class OtelRLCallback(TrainerCallback):
         ours = {getattr(e, "name", None) for e in getattr(handle, "exporters", ())}
         both = sorted(r for r in report_to if OVERLAPPING_REPORTERS.get(r) in ours)
         if both:
-            _log.warning("otel-rl: report_to=%s and otel-rl's exporters both write to %s: each metric is logged "
-                         "twice (set report_to='none' to let otel-rl do it alone)", list(report_to), ", ".join(both))
+            _log.warning(
+                "otel-rl: report_to=%s and otel-rl's exporters both write to %s: each metric is logged "
+                "twice (set report_to='none' to let otel-rl do it alone)",
+                list(report_to),
+                ", ".join(both),
+            )
 
     # -- events -----------------------------------------------------------------------------
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
@@ -191,9 +197,16 @@ class OtelRLCallback(TrainerCallback):
         runtime = next((v for k, v in (metrics or {}).items() if k.endswith("_runtime") and _number(v)), 0.0)
         end = time.time_ns()
         try:
-            span = h.tracer.start_span("evaluate", start_time=end - int(float(runtime) * 1e9), attributes={
-                sc.RL_STEP: int(state.global_step), sc.RL_SPAN_KIND: sc.KIND_TIMER, sc.RL_TIMER_NAME: "evaluate",
-                sc.RL_VALIDATE: True})
+            span = h.tracer.start_span(
+                "evaluate",
+                start_time=end - int(float(runtime) * 1e9),
+                attributes={
+                    sc.RL_STEP: int(state.global_step),
+                    sc.RL_SPAN_KIND: sc.KIND_TIMER,
+                    sc.RL_TIMER_NAME: "evaluate",
+                    sc.RL_VALIDATE: True,
+                },
+            )
             span.end(end_time=end)
         except Exception:
             pass
@@ -281,6 +294,7 @@ class RewardTracer:
 
     def wrap(self, fn: Callable, name: str) -> Callable:
         if inspect.iscoroutinefunction(fn):
+
             @functools.wraps(fn)
             async def traced_async(*args: Any, **kwargs: Any) -> Any:
                 try:
@@ -320,8 +334,12 @@ class RewardTracer:
             with self._lock:
                 batch = self._batches.get(key)
                 if batch is None or batch["completions"] is not completions:
-                    batch = self._batches[key] = {"completions": completions, "scores": {}, "kwargs": kwargs,
-                                                  "step": step}
+                    batch = self._batches[key] = {
+                        "completions": completions,
+                        "scores": {},
+                        "kwargs": kwargs,
+                        "step": step,
+                    }
                 batch["scores"][name] = outcome
                 done = isinstance(outcome, BaseException) or len(batch["scores"]) == len(self.names)
                 if done:
@@ -349,12 +367,14 @@ class RewardTracer:
                 continue  # not sampled: skip the whole trajectory (its ops would record nothing)
             self._one(step, validate, g, r, prompts[i], completion, ids[i], scores, i)
 
-    def _one(self, step: Any, validate: bool, g: int, r: int, prompt: Any, completion: Any, ids: Any,
-             scores: dict, i: int) -> None:
+    def _one(
+        self, step: Any, validate: bool, g: int, r: int, prompt: Any, completion: Any, ids: Any, scores: dict, i: int
+    ) -> None:
         total, any_score, failure = 0.0, False, None
         try:
-            with otel_rl.trajectory(step=step, sample_index=g, rollout_n=r, validate=validate,
-                                    name="grpo.completion") as t:
+            with otel_rl.trajectory(
+                step=step, sample_index=g, rollout_n=r, validate=validate, name="grpo.completion"
+            ) as t:
                 self._completion_op(prompt, completion, ids)
                 for name in self.names:
                     if name not in scores:

@@ -44,10 +44,15 @@ _log = logging.getLogger("otel_rl")
 
 TRACKING = "verl.utils.tracking"
 ROLLOUT_TRACE = "verl.utils.rollout_trace"
-NAMES = {TRACKING: ("Tracking", "ValidationGenerationsLogger"),
-         ROLLOUT_TRACE: ("RolloutTraceConfig", "rollout_trace_attr", "rollout_trace_op")}
-AGENT_LOOP_MODULES = ("verl.experimental.agent_loop.agent_loop", "verl.experimental.agent_loop",
-                      "verl.trainer.ppo.v1.agent_loop_tq")
+NAMES = {
+    TRACKING: ("Tracking", "ValidationGenerationsLogger"),
+    ROLLOUT_TRACE: ("RolloutTraceConfig", "rollout_trace_attr", "rollout_trace_op"),
+}
+AGENT_LOOP_MODULES = (
+    "verl.experimental.agent_loop.agent_loop",
+    "verl.experimental.agent_loop",
+    "verl.trainer.ppo.v1.agent_loop_tq",
+)
 ENV_INSTALLED = "OTEL_RL_VERL_INSTALL"
 ENV_CHAINED_HOOK = "OTEL_RL_VERL_CHAINED_SETUP_HOOK"
 SETUP_HOOK = f"{__name__}._ray_worker_setup"
@@ -78,9 +83,13 @@ def install(*, ray_workers: bool = True) -> None:
         tracking = importlib.import_module(TRACKING)
         rollout_trace = importlib.import_module(ROLLOUT_TRACE)
         originals = {id(getattr(tracking, n)): (getattr(tracking, n), getattr(compat, n)) for n in NAMES[TRACKING]}
-        originals.update({id(getattr(rollout_trace, n)): (getattr(rollout_trace, n), getattr(compat, n))
-                          for n in NAMES[ROLLOUT_TRACE]})
-        verl_config = getattr(rollout_trace, "RolloutTraceConfig")
+        originals.update(
+            {
+                id(getattr(rollout_trace, n)): (getattr(rollout_trace, n), getattr(compat, n))
+                for n in NAMES[ROLLOUT_TRACE]
+            }
+        )
+        verl_config = rollout_trace.RolloutTraceConfig
         try:
             with warnings.catch_warnings():  # reading every module's attributes trips deprecation shims
                 warnings.simplefilter("ignore")
@@ -185,10 +194,15 @@ def _rewrap_decorated(originals: dict[int, tuple[Any, Any]]) -> None:
 def _carry_over(verl_config_cls: Any) -> None:
     """A verl RolloutTraceConfig initialised before install(): initialise ours the same way."""
     inst = getattr(verl_config_cls, "_instance", None)
-    if inst is None or not getattr(inst, "_initialized", False) or compat.RolloutTraceConfig.get_instance()._initialized:
+    if (
+        inst is None
+        or not getattr(inst, "_initialized", False)
+        or compat.RolloutTraceConfig.get_instance()._initialized
+    ):
         return
-    compat.RolloutTraceConfig.init(inst.project_name, inst.experiment_name, inst.backend, inst.token2text,
-                                   inst.max_samples_per_step_per_worker)
+    compat.RolloutTraceConfig.init(
+        inst.project_name, inst.experiment_name, inst.backend, inst.token2text, inst.max_samples_per_step_per_worker
+    )
 
 
 # ----------------------------------------------------------------------------- deterministic sampling
@@ -271,8 +285,10 @@ def job_runtime_env(runtime_env: Any = None) -> dict[str, Any]:
         env[ENV_CHAINED_HOOK] = hook
         out["worker_process_setup_hook"] = SETUP_HOOK
     else:
-        _log.warning("otel-rl: ray.init has a worker_process_setup_hook that is not a module path; call "
-                     "otel_rl.integrations.verl.install() in it so Ray workers use otel-rl")
+        _log.warning(
+            "otel-rl: ray.init has a worker_process_setup_hook that is not a module path; call "
+            "otel_rl.integrations.verl.install() in it so Ray workers use otel-rl"
+        )
     out["env_vars"] = env
     return out
 

@@ -22,8 +22,12 @@ def default_output(jsonl: str | None, mlflow_run_id: str | None) -> str:
     return os.path.abspath(f"mlflow-{mlflow_run_id}.report.html")
 
 
-def write_report(jsonl: str | None = None, mlflow_run_id: str | None = None, output: str | None = None,
-                 tracking_uri: str | None = None) -> str:
+def write_report(
+    jsonl: str | None = None,
+    mlflow_run_id: str | None = None,
+    output: str | None = None,
+    tracking_uri: str | None = None,
+) -> str:
     """Write the page; returns its path."""
     from .page import render
 
@@ -46,12 +50,25 @@ def write_report(jsonl: str | None = None, mlflow_run_id: str | None = None, out
 def add_arguments(parser: Any) -> None:
     parser.description = __doc__.split("\n\n", 1)[1].replace("\n", " ") if __doc__ else None
     parser.add_argument("run", nargs="?", metavar="RUN", help="the run's JSONL file")
-    parser.add_argument("-o", "--output", default=None, metavar="FILE",
-                        help="where to write the page (default: beside the JSONL file, <name>.report.html)")
-    parser.add_argument("--mlflow-run-id", default=None, metavar="ID",
-                        help="the MLflow run: config and trajectories (and metrics, without RUN)")
-    parser.add_argument("--tracking-uri", default=None, metavar="URI",
-                        help="MLflow tracking URI (default: MLFLOW_TRACKING_URI, else verl's sqlite:////tmp/mlruns.db)")
+    parser.add_argument(
+        "-o",
+        "--output",
+        default=None,
+        metavar="FILE",
+        help="where to write the page (default: beside the JSONL file, <name>.report.html)",
+    )
+    parser.add_argument(
+        "--mlflow-run-id",
+        default=None,
+        metavar="ID",
+        help="the MLflow run: config and trajectories (and metrics, without RUN)",
+    )
+    parser.add_argument(
+        "--tracking-uri",
+        default=None,
+        metavar="URI",
+        help="MLflow tracking URI (default: MLFLOW_TRACKING_URI, else verl's sqlite:////tmp/mlruns.db)",
+    )
 
 
 def run(args: Any) -> int:

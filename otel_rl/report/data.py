@@ -130,8 +130,9 @@ def find_mlflow_run(client: Any, experiment: str, otel_run_id: str) -> str | Non
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
         return None
-    runs = client.search_runs([exp.experiment_id], filter_string=f"tags.`{sc.RL_RUN_ID}` = '{otel_run_id}'",
-                              max_results=1)
+    runs = client.search_runs(
+        [exp.experiment_id], filter_string=f"tags.`{sc.RL_RUN_ID}` = '{otel_run_id}'", max_results=1
+    )
     return runs[0].info.run_id if runs else None
 
 
@@ -144,8 +145,12 @@ def read_mlflow(client: Any, run_id: str, metrics: bool = True) -> RunData:
             points = client.get_metric_history(run_id, key)
             for m in sorted(points, key=lambda m: (m.step, m.timestamp)):
                 series.setdefault(key, {})[int(m.step)] = plot_value(m.value) if abs(m.value) < 1.7e308 else None
-    data = RunData(f"{exp.name}/{run.info.run_name}", f"MLflow run {run_id} ({client.tracking_uri})", series,
-                   flat_config(dict(run.data.params)))
+    data = RunData(
+        f"{exp.name}/{run.info.run_name}",
+        f"MLflow run {run_id} ({client.tracking_uri})",
+        series,
+        flat_config(dict(run.data.params)),
+    )
     data.trajectories = sample_trajectories(client, run.info.experiment_id, run_id)
     return data
 
@@ -192,17 +197,30 @@ def _view(trace: Any, label: str) -> TrajectoryView:
     tags = trace.info.tags
     state = str(getattr(trace.info.state, "value", trace.info.state))
     step = tags.get(sc.TAG_STEP)
-    return TrajectoryView(int(step) if step and step.lstrip("-").isdigit() else None, label, _reward(trace),
-                          tags.get(sc.TAG_SAMPLE_INDEX, ""), tags.get(sc.TAG_VALIDATE) == "True", trace.info.trace_id,
-                          state, _turns(trace))
+    return TrajectoryView(
+        int(step) if step and step.lstrip("-").isdigit() else None,
+        label,
+        _reward(trace),
+        tags.get(sc.TAG_SAMPLE_INDEX, ""),
+        tags.get(sc.TAG_VALIDATE) == "True",
+        trace.info.trace_id,
+        state,
+        _turns(trace),
+    )
 
 
 def _search(client: Any, experiment_id: str, run_id: str, filter_string: str | None, spans: bool) -> list[Any]:
     out: list[Any] = []
     token = None
     while True:
-        page = client.search_traces(locations=[experiment_id], run_id=run_id, filter_string=filter_string,
-                                    max_results=500, include_spans=spans, page_token=token)
+        page = client.search_traces(
+            locations=[experiment_id],
+            run_id=run_id,
+            filter_string=filter_string,
+            max_results=500,
+            include_spans=spans,
+            page_token=token,
+        )
         out.extend(page)
         token = page.token
         if not token:
@@ -212,15 +230,25 @@ def _search(client: Any, experiment_id: str, run_id: str, filter_string: str | N
 def sample_trajectories(client: Any, experiment_id: str, run_id: str) -> list[TrajectoryView]:
     """Best, worst and failed trajectories of the first, middle and last traced training step."""
     infos = _search(client, experiment_id, run_id, None, spans=False)
-    train = sorted({int(t.info.tags[sc.TAG_STEP]) for t in infos if t.info.tags.get(sc.TAG_VALIDATE) != "True"
-                    and t.info.tags.get(sc.TAG_STEP, "").isdigit()})
+    train = sorted(
+        {
+            int(t.info.tags[sc.TAG_STEP])
+            for t in infos
+            if t.info.tags.get(sc.TAG_VALIDATE) != "True" and t.info.tags.get(sc.TAG_STEP, "").isdigit()
+        }
+    )
     if not train:
         return []
     picks = sorted({train[0], train[len(train) // 2], train[-1]})[:SAMPLE_STEPS]
     out: list[TrajectoryView] = []
     for step in picks:
-        traces = _search(client, experiment_id, run_id,
-                         f"tags.{sc.TAG_STEP} = '{step}' AND tags.{sc.TAG_VALIDATE} = 'False'", spans=True)
+        traces = _search(
+            client,
+            experiment_id,
+            run_id,
+            f"tags.{sc.TAG_STEP} = '{step}' AND tags.{sc.TAG_VALIDATE} = 'False'",
+            spans=True,
+        )
         failed = [t for t in traces if str(getattr(t.info.state, "value", t.info.state)) == "ERROR"]
         scored = [(r, t) for t in traces if t not in failed and (r := _reward(t)) is not None]
         scored.sort(key=lambda rt: rt[0])

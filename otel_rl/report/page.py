@@ -18,34 +18,49 @@ from .data import RunData, TrajectoryView
 
 #: (section, [(chart title, [key patterns])]); a key goes to the first chart whose pattern matches it
 LAYOUT: list[tuple[str, list[tuple[str, list[str]]]]] = [
-    ("Reward", [
-        ("Training reward (critic/score) and validation reward", [r"^critic/score/mean$", r"^val-core/.*reward.*"]),
-        ("Training reward spread (critic/score)", [r"^critic/score/(max|min)$"]),
-        ("Reward (critic/rewards)", [r"^critic/rewards/"]),
-    ]),
-    ("Policy", [
-        ("KL", [r"^actor/(ppo_kl|kl_loss)$", r"^critic/kl$", r"^actor/kl$"]),
-        ("Entropy", [r"^actor/entropy$"]),
-        ("Policy loss", [r"^actor/pg_loss$"]),
-        ("Clip fraction", [r"^actor/(pg_clipfrac|pg_clipfrac_lower|ppo_clipfrac)$"]),
-    ]),
-    ("Responses", [
-        ("Response length", [r"^response_length/(mean|max|min)$"]),
-        ("Response clip ratio", [r"^response_length/clip_ratio$"]),
-        ("Prompt length", [r"^prompt_length/"]),
-    ]),
-    ("Tools and turns", [
-        ("Tool calls per trajectory", [r"^tool_call_counts/"]),
-        ("Tool error rate", [r"tool.*error", r"error.*tool"]),
-        ("Turns per trajectory", [r"^num_turns/"]),
-    ]),
+    (
+        "Reward",
+        [
+            ("Training reward (critic/score) and validation reward", [r"^critic/score/mean$", r"^val-core/.*reward.*"]),
+            ("Training reward spread (critic/score)", [r"^critic/score/(max|min)$"]),
+            ("Reward (critic/rewards)", [r"^critic/rewards/"]),
+        ],
+    ),
+    (
+        "Policy",
+        [
+            ("KL", [r"^actor/(ppo_kl|kl_loss)$", r"^critic/kl$", r"^actor/kl$"]),
+            ("Entropy", [r"^actor/entropy$"]),
+            ("Policy loss", [r"^actor/pg_loss$"]),
+            ("Clip fraction", [r"^actor/(pg_clipfrac|pg_clipfrac_lower|ppo_clipfrac)$"]),
+        ],
+    ),
+    (
+        "Responses",
+        [
+            ("Response length", [r"^response_length/(mean|max|min)$"]),
+            ("Response clip ratio", [r"^response_length/clip_ratio$"]),
+            ("Prompt length", [r"^prompt_length/"]),
+        ],
+    ),
+    (
+        "Tools and turns",
+        [
+            ("Tool calls per trajectory", [r"^tool_call_counts/"]),
+            ("Tool error rate", [r"tool.*error", r"error.*tool"]),
+            ("Turns per trajectory", [r"^num_turns/"]),
+        ],
+    ),
     ("Validation", [("Validation metrics (val-core, val-aux)", [r"^val-(core|aux)/"])]),
-    ("Time and throughput", [
-        ("Time per step by stage (timing_s/*)", [r"^timing_s/"]),
-        ("Throughput (tokens/s)", [r"^perf/throughput$"]),
-        ("Time per step", [r"^perf/time_per_step$"]),
-        ("Tokens per step", [r"^perf/total_num_tokens$"]),
-    ]),
+    (
+        "Time and throughput",
+        [
+            ("Time per step by stage (timing_s/*)", [r"^timing_s/"]),
+            ("Throughput (tokens/s)", [r"^perf/throughput$"]),
+            ("Time per step", [r"^perf/time_per_step$"]),
+            ("Tokens per step", [r"^perf/total_num_tokens$"]),
+        ],
+    ),
 ]
 STACKED = "Time per step by stage (timing_s/*)"
 #: the stage total drawn over the stacked stages, not stacked itself
@@ -100,23 +115,52 @@ def figure(chart: Chart, data: RunData) -> Any:
         steps = sorted({s for k in stages for s in data.metrics[k]})
         for k in stages:
             series = data.metrics[k]
-            fig.add_trace(go.Scatter(x=steps, y=[series.get(s) or 0.0 for s in steps], name=k.split("/", 1)[1],
-                                     mode="lines", stackgroup="timing", meta=k))
+            fig.add_trace(
+                go.Scatter(
+                    x=steps,
+                    y=[series.get(s) or 0.0 for s in steps],
+                    name=k.split("/", 1)[1],
+                    mode="lines",
+                    stackgroup="timing",
+                    meta=k,
+                )
+            )
         if TIMING_TOTAL in chart.keys:
             series = data.metrics[TIMING_TOTAL]
-            fig.add_trace(go.Scatter(x=sorted(series), y=[series[s] for s in sorted(series)], name="step (total)",
-                                     mode="lines", line={"dash": "dot", "color": "black"}, meta=TIMING_TOTAL))
+            fig.add_trace(
+                go.Scatter(
+                    x=sorted(series),
+                    y=[series[s] for s in sorted(series)],
+                    name="step (total)",
+                    mode="lines",
+                    line={"dash": "dot", "color": "black"},
+                    meta=TIMING_TOTAL,
+                )
+            )
         fig.update_yaxes(title_text="seconds")
     else:
         for k in chart.keys:
             series = data.metrics[k]
             xs = sorted(series)
             mode = "lines+markers" if len(xs) < LINES_WITH_MARKERS else "lines"
-            fig.add_trace(go.Scatter(x=xs, y=[series[s] for s in xs], name=k, mode=mode, meta=k,
-                                     line={"dash": "dot"} if re.search(r"/(max|min)(@|_at_|$)", k) else None))
-    fig.update_layout(title={"text": chart.title, "font": {"size": 14}}, template="plotly_white", height=330,
-                      margin={"l": 50, "r": 10, "t": 40, "b": 40}, hovermode="x unified",
-                      legend={"orientation": "h", "y": -0.2, "font": {"size": 10}})
+            fig.add_trace(
+                go.Scatter(
+                    x=xs,
+                    y=[series[s] for s in xs],
+                    name=k,
+                    mode=mode,
+                    meta=k,
+                    line={"dash": "dot"} if re.search(r"/(max|min)(@|_at_|$)", k) else None,
+                )
+            )
+    fig.update_layout(
+        title={"text": chart.title, "font": {"size": 14}},
+        template="plotly_white",
+        height=330,
+        margin={"l": 50, "r": 10, "t": 40, "b": 40},
+        hovermode="x unified",
+        legend={"orientation": "h", "y": -0.2, "font": {"size": 10}},
+    )
     fig.update_xaxes(title_text="step")
     return fig
 
@@ -149,23 +193,33 @@ def _headline(data: RunData) -> str:
     for key in sorted(k for k in data.metrics if re.search(r"^val-core/.*reward", k))[:1]:
         vals = [(st, v) for st, v in sorted(data.metrics[key].items()) if v is not None]
         if len(vals) > 1:
-            parts.append(f"validation reward {vals[0][1]:.3g} (step {vals[0][0]}) → {vals[-1][1]:.3g} "
-                         f"(step {vals[-1][0]})")
+            parts.append(
+                f"validation reward {vals[0][1]:.3g} (step {vals[0][0]}) → {vals[-1][1]:.3g} (step {vals[-1][0]})"
+            )
     return "; ".join(parts)
 
 
 def _trajectory(t: TrajectoryView) -> str:
     e = html.escape
     reward = "no reward" if t.reward is None else f"reward {t.reward:.4g}"
-    head = (f'<span class="badge {e(t.label)}">{e(t.label)}</span><b>step {t.step}</b> · {reward} · sample '
-            f'{e(t.sample_index)} · {e(t.status)} · <code>{e(t.trace_id)}</code>')
+    head = (
+        f'<span class="badge {e(t.label)}">{e(t.label)}</span><b>step {t.step}</b> · {reward} · sample '
+        f"{e(t.sample_index)} · {e(t.status)} · <code>{e(t.trace_id)}</code>"
+    )
     rows = "".join(
         f'<tr><td>{i}</td><td>{e(turn.kind)}</td><td>{e(turn.name)}</td><td class="v">{e(turn.inputs)}</td>'
         f'<td class="v">{e(turn.output)}</td><td class="{"err" if turn.status == "ERROR" else ""}">'
-        f'{e(turn.status)}{("<br>" + e(turn.error)) if turn.error else ""}</td></tr>'
-        for i, turn in enumerate(t.turns, 1))
-    table = ("<table><tr><th>#</th><th>type</th><th>span</th><th>input / prompt</th><th>output / response</th>"
-             f"<th>status</th></tr>{rows}</table>") if rows else "<p>no child spans</p>"
+        f"{e(turn.status)}{('<br>' + e(turn.error)) if turn.error else ''}</td></tr>"
+        for i, turn in enumerate(t.turns, 1)
+    )
+    table = (
+        (
+            "<table><tr><th>#</th><th>type</th><th>span</th><th>input / prompt</th><th>output / response</th>"
+            f"<th>status</th></tr>{rows}</table>"
+        )
+        if rows
+        else "<p>no child spans</p>"
+    )
     return f'<div class="traj" data-trace-id="{e(t.trace_id)}" data-label="{e(t.label)}">{head}{table}</div>'
 
 
@@ -179,16 +233,25 @@ def render(data: RunData) -> str:
     charts = plan(data.metrics)
     sections: dict[str, list[str]] = {}
     for i, chart in enumerate(charts):
-        div = pio.to_html(figure(chart, data), include_plotlyjs=False, full_html=False, div_id=f"chart-{i}",
-                          config={"displaylogo": False, "responsive": True})
+        div = pio.to_html(
+            figure(chart, data),
+            include_plotlyjs=False,
+            full_html=False,
+            div_id=f"chart-{i}",
+            config={"displaylogo": False, "responsive": True},
+        )
         wide = " wide" if i == 0 else ""
         sections.setdefault(chart.section, []).append(
-            f'<div class="card{wide}" data-chart="{e(chart.title)}" data-keys="{e(json.dumps(chart.keys))}">{div}</div>')
+            f'<div class="card{wide}" data-chart="{e(chart.title)}" data-keys="{e(json.dumps(chart.keys))}">{div}</div>'
+        )
     body = []
     for name, cards in sections.items():
-        body.append(f'<section id="{_anchor(name)}"><h2>{e(name)}</h2><div class="grid">{"".join(cards)}</div></section>')
+        body.append(
+            f'<section id="{_anchor(name)}"><h2>{e(name)}</h2><div class="grid">{"".join(cards)}</div></section>'
+        )
     traj = "".join(_trajectory(t) for t in data.trajectories) or (
-        "<p>No trajectories: they come from the run's MLflow traces (give <code>--mlflow-run-id</code>).</p>")
+        "<p>No trajectories: they come from the run's MLflow traces (give <code>--mlflow-run-id</code>).</p>"
+    )
     body.append(f'<section id="trajectories"><h2>Sample trajectories (best, worst, failed)</h2>{traj}</section>')
     if data.config:
         rows = "".join(f'<tr><td>{e(k)}</td><td class="v">{e(str(v))}</td></tr>' for k, v in data.config.items())
@@ -199,11 +262,13 @@ def render(data: RunData) -> str:
     nav = "".join(f'<a href="#{_anchor(n)}">{e(n)}</a>' for n in list(sections) + ["Trajectories", "Config"])
     notes = "".join(f'<p class="note">{e(n)}</p>' for n in data.notes)
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>otel-rl report: {e(data.title)}'
-            f'</title><meta name="generator" content="otel-rl report, plotly {e(plotly.__version__)}">'
-            f"<style>{_CSS}</style><script>{get_plotlyjs()}</script></head><body>"
-            f"<header><h1>{e(data.title)}</h1><p>{e(data.source)}</p><p>written {now}</p></header><nav>{nav}</nav>"
-            f'<main><p class="headline">{e(_headline(data))}</p>{notes}{"".join(body)}</main></body></html>')
+    return (
+        f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>otel-rl report: {e(data.title)}'
+        f'</title><meta name="generator" content="otel-rl report, plotly {e(plotly.__version__)}">'
+        f"<style>{_CSS}</style><script>{get_plotlyjs()}</script></head><body>"
+        f"<header><h1>{e(data.title)}</h1><p>{e(data.source)}</p><p>written {now}</p></header><nav>{nav}</nav>"
+        f'<main><p class="headline">{e(_headline(data))}</p>{notes}{"".join(body)}</main></body></html>'
+    )
 
 
 def _anchor(name: str) -> str:

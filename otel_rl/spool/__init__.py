@@ -19,8 +19,18 @@ from .files import fsync_dir, read_meta
 from .store import DROP_POLICIES, FSYNC_POLICIES, Spool, SpoolBusy, SpoolOptions
 
 __all__ = [
-    "DROP_POLICIES", "FSYNC_POLICIES", "OFF_VALUES", "Spool", "SpoolBusy", "SpoolOptions", "default_root",
-    "exporter_meta", "fsync_dir", "options_for", "read_meta", "spool_selected",
+    "DROP_POLICIES",
+    "FSYNC_POLICIES",
+    "OFF_VALUES",
+    "Spool",
+    "SpoolBusy",
+    "SpoolOptions",
+    "default_root",
+    "exporter_meta",
+    "fsync_dir",
+    "options_for",
+    "read_meta",
+    "spool_selected",
 ]
 
 #: `spool_dir` values that turn the spool off (memory-only queues, as before the spool existed)
@@ -85,8 +95,11 @@ def exporter_meta(config: Any, exporter: Any) -> dict[str, Any]:
         cfg = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name != "verl_config"}
         cfg = scrub_secrets(cfg)
     cls = type(_inner(exporter) or exporter)
-    return {"exporter": getattr(exporter, "name", "") or cls.__name__,
-            "class": f"{cls.__module__}:{cls.__qualname__}", "config": cfg}
+    return {
+        "exporter": getattr(exporter, "name", "") or cls.__name__,
+        "class": f"{cls.__module__}:{cls.__qualname__}",
+        "config": cfg,
+    }
 
 
 def options_for(config: Any, exporter: Any, **overrides: Any) -> SpoolOptions | None:

@@ -18,12 +18,23 @@ from typing import Any
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = __doc__.split("\n\n", 1)[1] if __doc__ else None
-    parser.add_argument("paths", nargs="*", metavar="SPOOL_DIR",
-                        help="spool directories (default: the default spool root)")
-    parser.add_argument("--exporters", action="append", default=None, metavar="NAMES",
-                        help="only these exporters (comma-separated; may be repeated)")
-    parser.add_argument("--timeout", type=float, default=300.0, metavar="S",
-                        help="give up on one spool after S seconds of failing deliveries (default 300)")
+    parser.add_argument(
+        "paths", nargs="*", metavar="SPOOL_DIR", help="spool directories (default: the default spool root)"
+    )
+    parser.add_argument(
+        "--exporters",
+        action="append",
+        default=None,
+        metavar="NAMES",
+        help="only these exporters (comma-separated; may be repeated)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=300.0,
+        metavar="S",
+        help="give up on one spool after S seconds of failing deliveries (default 300)",
+    )
     parser.add_argument("--list", action="store_true", help="only show what is waiting; deliver nothing")
 
 
@@ -44,6 +55,7 @@ def run(args: Any) -> int:
         return 0
     bad = [r for r in results if r.status not in ("delivered", "empty")]
     total = sum(r.delivered for r in results)
-    print(f"otel-rl replay: {total} items delivered from {len(results)} spool(s); "
-          f"{len(bad)} with items left", flush=True)
+    print(
+        f"otel-rl replay: {total} items delivered from {len(results)} spool(s); {len(bad)} with items left", flush=True
+    )
     return 1 if bad else 0

@@ -398,7 +398,7 @@ class _Reader:
             n = self.uvarint()
             p = self.p
             self.p = p + n
-            return bytes(self.b[p:p + n])
+            return bytes(self.b[p : p + n])
         raise CodecError(f"unknown value tag {t}")
 
 
@@ -407,9 +407,18 @@ def _read_tree(r: _Reader) -> SpanNode:
     stack: list[list[Any]] = []  # [node, children still to read]
     while True:
         node = SpanNode(
-            name=r.str(), kind=r.str(), span_id=r.uvarint(), parent_id=r.value(), start_ns=r.zigzag(),
-            end_ns=r.zigzag(), attributes=r.value(), inputs=r.value(), output=r.value(), status=r.str(),
-            status_message=r.value(), events=r.value(),
+            name=r.str(),
+            kind=r.str(),
+            span_id=r.uvarint(),
+            parent_id=r.value(),
+            start_ns=r.zigzag(),
+            end_ns=r.zigzag(),
+            attributes=r.value(),
+            inputs=r.value(),
+            output=r.value(),
+            status=r.str(),
+            status_message=r.value(),
+            events=r.value(),
         )
         nchildren = r.uvarint()
         if stack:
@@ -434,7 +443,7 @@ def _read_step_metrics(r: _Reader, ident: RunIdentity) -> StepMetrics:
     n = r.uvarint()
     keys = [r.str() for _ in range(n)]
     p = r.p
-    types = r.b[p:p + n]
+    types = r.b[p : p + n]
     r.p = p + n
     nf = types.count(_M_FLOAT)
     floats = struct.unpack_from(f"<{nf}d", r.b, r.p) if nf else ()
@@ -508,11 +517,22 @@ def _read_spans(r: _Reader) -> list[Any]:
         status = Status(StatusCode(r.u8()), r.value())
         ri = r.uvarint()
         si = r.uvarint()
-        out.append(ReadableSpan(
-            name, context=ctx, parent=parent, resource=resources[ri - 1] if ri else None, attributes=attrs,
-            events=tuple(events), links=tuple(links), kind=kind, status=status, start_time=start, end_time=end,
-            instrumentation_scope=scopes[si - 1] if si else None,
-        ))
+        out.append(
+            ReadableSpan(
+                name,
+                context=ctx,
+                parent=parent,
+                resource=resources[ri - 1] if ri else None,
+                attributes=attrs,
+                events=tuple(events),
+                links=tuple(links),
+                kind=kind,
+                status=status,
+                start_time=start,
+                end_time=end,
+                instrumentation_scope=scopes[si - 1] if si else None,
+            )
+        )
     return out
 
 
@@ -532,7 +552,7 @@ def decode_batch(payload: bytes) -> tuple[list[Any], list[Any]]:
         r = _Reader(payload, 2)
         r.uvarint()
         if payload[1] & FLAG_ZLIB:
-            r = _Reader(zlib.decompress(payload[r.p:]), 0)
+            r = _Reader(zlib.decompress(payload[r.p :]), 0)
         idents = [RunIdentity(r.str(), r.str(), r.str()) for _ in range(r.uvarint())]
         records: list[Any] = []
         for _ in range(r.uvarint()):
@@ -548,8 +568,9 @@ def decode_batch(payload: bytes) -> tuple[list[Any], list[Any]]:
                 validate = bool(r.u8())
                 name = r.str()
                 complete = bool(r.u8())
-                records.append(Trajectory(ident, trace_id, step, sample_index, rollout_n, validate, name,
-                                          _read_tree(r), complete))
+                records.append(
+                    Trajectory(ident, trace_id, step, sample_index, rollout_n, validate, name, _read_tree(r), complete)
+                )
             elif kind == _K_GENERATIONS:
                 step = r.zigzag()
                 time_ns = r.zigzag()

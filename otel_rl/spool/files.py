@@ -39,7 +39,7 @@ def frame_at(data: bytes | memoryview, pos: int, size: int) -> int:
     if magic != FRAME_MAGIC or n > MAX_FRAME_BYTES or pos + FRAME_HEADER_BYTES + n > size:
         return -1
     start = pos + FRAME_HEADER_BYTES
-    if zlib.crc32(data[start:start + n], zlib.crc32(struct.pack("<I", n))) != crc:
+    if zlib.crc32(data[start : start + n], zlib.crc32(struct.pack("<I", n))) != crc:
         return -1
     return n
 

@@ -47,16 +47,19 @@ class ReplayResult:
     def line(self) -> str:
         head = f"{self.path} [{self.exporter}]"
         if self.status == "listed":
-            return (f"{head}: {self.pending_items} items in {self.pending_frames} batches waiting"
-                    f"{f'; {self.corrupt} corrupt regions' if self.corrupt else ''}")
+            return (
+                f"{head}: {self.pending_items} items in {self.pending_frames} batches waiting"
+                f"{f'; {self.corrupt} corrupt regions' if self.corrupt else ''}"
+            )
         if self.status in ("busy", "error"):
             return f"{head}: {self.status}: {self.message}"
         if self.status == "empty":
             return f"{head}: nothing to deliver"
         rate = f" ({self.delivered / self.seconds:.0f} items/s)" if self.seconds > 0 and self.delivered else ""
-        return (f"{head}: delivered {self.delivered} of {self.pending_items} items{rate}; {self.dropped} dropped; "
-                f"{self.corrupt} corrupt regions skipped; {self.left} left"
-                + (f" ({self.message})" if self.message else ""))
+        return (
+            f"{head}: delivered {self.delivered} of {self.pending_items} items{rate}; {self.dropped} dropped; "
+            f"{self.corrupt} corrupt regions skipped; {self.left} left" + (f" ({self.message})" if self.message else "")
+        )
 
 
 def note_run_end(queue: Any, outcome: Any) -> None:
@@ -69,8 +72,11 @@ def note_run_end(queue: Any, outcome: Any) -> None:
     meta_path = os.path.join(sp.path, "meta.json")
     try:
         meta = read_meta(sp.path)
-        meta[RUN_END_KEY] = ({"state": "finished", "exit_code": 0, "text": ""} if outcome is None else
-                             {"state": outcome.state, "exit_code": outcome.exit_code, "text": outcome.text[-4000:]})
+        meta[RUN_END_KEY] = (
+            {"state": "finished", "exit_code": 0, "text": ""}
+            if outcome is None
+            else {"state": outcome.state, "exit_code": outcome.exit_code, "text": outcome.text[-4000:]}
+        )
         tmp = f"{meta_path}.{os.getpid()}.end.tmp"
         with open(tmp, "w", encoding="utf-8") as f:
             json.dump(meta, f, indent=1, default=str)
@@ -118,8 +124,7 @@ def _config(stored: dict[str, Any]) -> Any:
     from ..config import _FIELDS, ConfigError, resolve
     from ..redact import REDACTED
 
-    kw = {k: v for k, v in stored.items()
-          if k in _FIELDS and k != "verl_config" and v is not None and v != REDACTED}
+    kw = {k: v for k, v in stored.items() if k in _FIELDS and k != "verl_config" and v is not None and v != REDACTED}
     kw["spool_dir"] = "off"  # the exporter itself never spools; the replay reads the spool
     try:
         return resolve(**kw)
@@ -152,8 +157,9 @@ def build_exporter(meta: dict[str, Any]) -> Any:
     return exporter
 
 
-def replay_one(path: str, timeout_s: float = 300.0, list_only: bool = False,
-               exporters: Sequence[str] | None = None) -> ReplayResult | None:
+def replay_one(
+    path: str, timeout_s: float = 300.0, list_only: bool = False, exporters: Sequence[str] | None = None
+) -> ReplayResult | None:
     """Deliver (or, `list_only`, describe) one spool directory.  None when filtered out by `exporters`."""
     from .._delivery import DeliveryQueue
 
@@ -164,8 +170,13 @@ def replay_one(path: str, timeout_s: float = 300.0, list_only: bool = False,
     name = str(meta.get("exporter") or "?")
     if exporters and name not in exporters:
         return None
-    opts = SpoolOptions(path=path, exact=True, max_bytes=1 << 62, fsync="batch",
-                        meta={k: v for k, v in meta.items() if k not in _STATE_KEYS})
+    opts = SpoolOptions(
+        path=path,
+        exact=True,
+        max_bytes=1 << 62,
+        fsync="batch",
+        meta={k: v for k, v in meta.items() if k not in _STATE_KEYS},
+    )
     sp = Spool(opts)
     try:
         if not sp.open(create=False):
@@ -174,8 +185,14 @@ def replay_one(path: str, timeout_s: float = 300.0, list_only: bool = False,
         return ReplayResult(path, name, "busy", message="in use by a running process (a trainer or another replay)")
     except OSError as exc:
         return ReplayResult(path, name, "error", message=str(exc))
-    res = ReplayResult(path, name, "listed", pending_items=sp.pending_items, pending_frames=sp.pending_frames,
-                       corrupt=sp.corrupt_frames)
+    res = ReplayResult(
+        path,
+        name,
+        "listed",
+        pending_items=sp.pending_items,
+        pending_frames=sp.pending_frames,
+        corrupt=sp.corrupt_frames,
+    )
     if list_only:
         sp.close(remove_if_empty=False)
         return res
@@ -222,8 +239,13 @@ def replay_one(path: str, timeout_s: float = 300.0, list_only: bool = False,
     return res
 
 
-def replay(paths: Iterable[str], exporters: Sequence[str] | None = None, timeout_s: float = 300.0,
-           list_only: bool = False, out: Any = None) -> list[ReplayResult]:
+def replay(
+    paths: Iterable[str],
+    exporters: Sequence[str] | None = None,
+    timeout_s: float = 300.0,
+    list_only: bool = False,
+    out: Any = None,
+) -> list[ReplayResult]:
     results = []
     for path in find_spools(paths):
         r = replay_one(path, timeout_s=timeout_s, list_only=list_only, exporters=exporters)

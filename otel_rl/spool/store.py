@@ -40,8 +40,22 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .codec import CodecError, batch_items
-from .files import (ACK, ACK_MAGIC, ACK_SLOT_BYTES, FRAME_HEADER_BYTES, FRAME_MAGIC, META_FORMAT, SEG_HEADER,
-                    SEGMENT_HEADER_BYTES, SEGMENT_MAGIC, SEGMENT_VERSION, frame_at, frame_bytes, fsync_dir, write_all)
+from .files import (
+    ACK,
+    ACK_MAGIC,
+    ACK_SLOT_BYTES,
+    FRAME_HEADER_BYTES,
+    FRAME_MAGIC,
+    META_FORMAT,
+    SEG_HEADER,
+    SEGMENT_HEADER_BYTES,
+    SEGMENT_MAGIC,
+    SEGMENT_VERSION,
+    frame_at,
+    frame_bytes,
+    fsync_dir,
+    write_all,
+)
 
 _log = logging.getLogger("otel_rl")
 
@@ -110,7 +124,7 @@ class _Segment:
         self.next = 0  # index of the next undelivered frame
 
     def pending_items(self) -> int:
-        return sum(self.items[self.next:])
+        return sum(self.items[self.next :])
 
 
 _open_spools: weakref.WeakSet[Spool] = weakref.WeakSet()
@@ -171,8 +185,11 @@ class Spool:
         if self.opened:
             return True
         base = self.options.path
-        candidates = [base] + ([] if self.options.exact else [f"{base}.{os.getpid()}"] +
-                               [f"{base}.{os.getpid()}.{i}" for i in range(2, 10)])
+        candidates = [base] + (
+            []
+            if self.options.exact
+            else [f"{base}.{os.getpid()}"] + [f"{base}.{os.getpid()}.{i}" for i in range(2, 10)]
+        )
         for i, path in enumerate(candidates):
             if not os.path.isdir(path):
                 if not create:
@@ -223,7 +240,7 @@ class Spool:
         data = os.pread(self._ack_fd, 2 * ACK_SLOT_BYTES, 0)
         best = None
         for slot in (0, 1):
-            chunk = data[slot * ACK_SLOT_BYTES: slot * ACK_SLOT_BYTES + ACK.size]
+            chunk = data[slot * ACK_SLOT_BYTES : slot * ACK_SLOT_BYTES + ACK.size]
             if len(chunk) < ACK.size:
                 continue
             magic, counter, seq, off, crc = ACK.unpack(chunk)
@@ -279,7 +296,7 @@ class Spool:
             if n >= 0:
                 start = pos + FRAME_HEADER_BYTES
                 try:
-                    items = batch_items(bytes(view[start:start + min(n, 16)]))
+                    items = batch_items(bytes(view[start : start + min(n, 16)]))
                 except CodecError as exc:
                     self._corrupt(path, pos, FRAME_HEADER_BYTES + n, f"unreadable batch ({exc})")
                     pos = start + n
@@ -308,8 +325,14 @@ class Spool:
     def _corrupt(self, path: str, offset: int, nbytes: int, what: str) -> None:
         self.corrupt_frames += 1
         self.corrupt_bytes += nbytes
-        _log.warning("otel-rl: spool %s: %s at offset %d; skipped %d bytes (corrupt regions so far: %d)",
-                     path, what, offset, nbytes, self.corrupt_frames)
+        _log.warning(
+            "otel-rl: spool %s: %s at offset %d; skipped %d bytes (corrupt regions so far: %d)",
+            path,
+            what,
+            offset,
+            nbytes,
+            self.corrupt_frames,
+        )
 
     # ------------------------------------------------------------------------- writing
     def append(self, payload: bytes, n_items: int, inflight: bool = False) -> tuple[Frame | None, int]:
@@ -477,8 +500,9 @@ class Spool:
                     data = f.read(seg.lens[i])
                     n = frame_at(data, 0, len(data))
                     if n >= 0:
-                        yield Frame(seg.seq, i, seg.offs[i], seg.offs[i] + seg.lens[i], seg.items[i],
-                                    data[FRAME_HEADER_BYTES:])
+                        yield Frame(
+                            seg.seq, i, seg.offs[i], seg.offs[i] + seg.lens[i], seg.items[i], data[FRAME_HEADER_BYTES:]
+                        )
 
     def advance(self, frame: Frame) -> None:
         """`frame` is delivered (or given up on): move the ack past it."""
@@ -590,6 +614,13 @@ class Spool:
         self._rseq = -1
 
     def describe(self) -> dict[str, Any]:
-        return {"path": self.path, "pending_frames": self.pending_frames, "pending_items": self.pending_items,
-                "bytes": self.bytes, "segments": len(self._segs), "corrupt_frames": self.corrupt_frames,
-                "corrupt_bytes": self.corrupt_bytes, "dropped_items": self.dropped_items}
+        return {
+            "path": self.path,
+            "pending_frames": self.pending_frames,
+            "pending_items": self.pending_items,
+            "bytes": self.bytes,
+            "segments": len(self._segs),
+            "corrupt_frames": self.corrupt_frames,
+            "corrupt_bytes": self.corrupt_bytes,
+            "dropped_items": self.dropped_items,
+        }

@@ -87,8 +87,11 @@ class ClearmlExporter(TrackerExporter):
         self._app_task = Task.current_task()  # a task the application opened: reused, not closed
         self._active: _Run | None = None
         if getattr(config, "trace_backend", None) == self.tracker_name:
-            warn_once("clearml-traces", "otel-rl: ClearML has no trace view; trajectories are not sent to ClearML "
-                      "(use trace backend 'mlflow' or 'weave')")
+            warn_once(
+                "clearml-traces",
+                "otel-rl: ClearML has no trace view; trajectories are not sent to ClearML "
+                "(use trace backend 'mlflow' or 'weave')",
+            )
         self.wants_trajectories = False
 
     # -- runs ------------------------------------------------------------------------------
@@ -113,8 +116,12 @@ class ClearmlExporter(TrackerExporter):
         logger = self._activate(handle).get_logger()
         for g in generations:
             rows = [[g.step, str(i), str(o), None if s is None or math.isnan(s) else s] for i, o, s in g.rows]
-            logger.report_table(title=GENERATIONS_TITLE, series=GENERATIONS_SERIES, iteration=g.step,
-                                table_plot=[list(GENERATION_HEADERS)] + rows)
+            logger.report_table(
+                title=GENERATIONS_TITLE,
+                series=GENERATIONS_SERIES,
+                iteration=g.step,
+                table_plot=[list(GENERATION_HEADERS)] + rows,
+            )
 
     def close_run(self, handle: _Run) -> None:
         self._close(handle)
@@ -133,8 +140,12 @@ class ClearmlExporter(TrackerExporter):
             return state.task
         cur = self._active
         if cur is not None and cur.task is not None:
-            warn_once(f"clearml-switch:{state.ident}", "otel-rl: ClearML keeps one task per process; closing the "
-                      "task of %s to report %s", cur.label(), state.label())
+            warn_once(
+                f"clearml-switch:{state.ident}",
+                "otel-rl: ClearML keeps one task per process; closing the task of %s to report %s",
+                cur.label(),
+                state.label(),
+            )
             self._close(cur)
         self._active = None
         self._open(state)
@@ -145,24 +156,34 @@ class ClearmlExporter(TrackerExporter):
         Task = self._Task
         app, self._app_task = self._app_task, None
         if app is not None:
-            _log.info("otel-rl: a ClearML task is already open in this process; reporting run %s into it",
-                      state.label())
+            _log.info(
+                "otel-rl: a ClearML task is already open in this process; reporting run %s into it", state.label()
+            )
             state.task, state.owned = app, False
         else:
             if self._offline:
                 if not Task.is_offline():
-                    _log.warning("otel-rl: no ClearML server is configured (%s, %s or ~/clearml.conf), so ClearML "
-                                 "runs in offline mode: sessions are written under ClearML's cache directory "
-                                 "(import them later with `clearml-task --import-offline-session` or "
-                                 "Task.import_offline_session)", ENV_API_HOST, ENV_CONFIG_FILE)
+                    _log.warning(
+                        "otel-rl: no ClearML server is configured (%s, %s or ~/clearml.conf), so ClearML "
+                        "runs in offline mode: sessions are written under ClearML's cache directory "
+                        "(import them later with `clearml-task --import-offline-session` or "
+                        "Task.import_offline_session)",
+                        ENV_API_HOST,
+                        ENV_CONFIG_FILE,
+                    )
                     Task.set_offline(True)
                 # ClearML's reporter subprocess holds close() for ~10 s in offline mode; this thread is already
                 # off the training thread, so ClearML reports from a thread of its own here
                 if hasattr(Task, "_report_subprocess_enabled"):
                     Task._report_subprocess_enabled = False
-            state.task = Task.init(project_name=state.ident.project or "otel_rl",
-                                   task_name=state.ident.experiment or "default", continue_last_task=True,
-                                   output_uri=False, auto_connect_frameworks=False, auto_connect_arg_parser=False)
+            state.task = Task.init(
+                project_name=state.ident.project or "otel_rl",
+                task_name=state.ident.experiment or "default",
+                continue_last_task=True,
+                output_uri=False,
+                auto_connect_frameworks=False,
+                auto_connect_arg_parser=False,
+            )
             state.owned = True
         state.opened += 1
         state.task.connect_configuration(state.config, name=CONFIG_NAME)

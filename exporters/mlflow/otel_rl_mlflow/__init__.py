@@ -22,7 +22,16 @@ MlflowSpanExporter = span_exporter_class("mlflow")
 __version__ = "0.1.0"
 
 __all__ = [
-    "DEFAULT_TRACKING_URI", "GENERATIONS_TABLE", "INF_METRICS_TAG", "KeyMapper", "MlflowExporter",
-    "MlflowSpanExporter", "RUN_ID_TAG", "SPAN_TYPES", "is_valid_key", "mlflow_trace_id", "resolve_tracking_uri",
+    "DEFAULT_TRACKING_URI",
+    "GENERATIONS_TABLE",
+    "INF_METRICS_TAG",
+    "KeyMapper",
+    "MlflowExporter",
+    "MlflowSpanExporter",
+    "RUN_ID_TAG",
+    "SPAN_TYPES",
+    "is_valid_key",
+    "mlflow_trace_id",
+    "resolve_tracking_uri",
     "verl_sanitize",
 ]

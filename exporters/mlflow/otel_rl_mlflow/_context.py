@@ -81,4 +81,3 @@ def _module_file(name: str) -> str:
     except Exception:  # its parent package fails to import here
         pass
     return name
-

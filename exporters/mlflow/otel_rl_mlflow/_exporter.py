@@ -42,9 +42,6 @@ from otel_rl.records import Generations, RunIdentity, RunStart, StepMetrics, Tra
 
 from . import _traces
 from ._context import run_context_tags
-from .direct import metrics as direct_metrics
-from .direct import traces as direct_traces
-from .direct.store import create_sqlite_store
 from ._keys import (
     MAX_EXPERIMENT_NAME_CHARS,
     MAX_KEY_CHARS,
@@ -64,6 +61,9 @@ from ._run import (
     data_errors,
     resolve_tracking_uri,
 )
+from .direct import metrics as direct_metrics
+from .direct import traces as direct_traces
+from .direct.store import create_sqlite_store
 
 _log = logging.getLogger("otel_rl")
 
@@ -141,8 +141,12 @@ class MlflowExporter(TrackerExporter):
             except ImportError:
                 if not hide:
                     raise
-                _log.debug("otel-rl: MLflow could not be imported, or its store opened, without %s; doing it again "
-                           "as MLflow comes", hide, exc_info=True)
+                _log.debug(
+                    "otel-rl: MLflow could not be imported, or its store opened, without %s; doing it again "
+                    "as MLflow comes",
+                    hide,
+                    exc_info=True,
+                )
                 self._open_clients()
         return self._client, self._tracing
 
@@ -174,9 +178,11 @@ class MlflowExporter(TrackerExporter):
     # -- runs -----------------------------------------------------------------------------
     def _identity(self, ident: RunIdentity) -> RunIdentity:
         c = self.config
-        return RunIdentity(ident.project or getattr(c, "project", "") or "otel_rl",
-                           ident.experiment or getattr(c, "experiment", "") or "default",
-                           ident.run_id or getattr(c, "run_id", ""))
+        return RunIdentity(
+            ident.project or getattr(c, "project", "") or "otel_rl",
+            ident.experiment or getattr(c, "experiment", "") or "default",
+            ident.run_id or getattr(c, "run_id", ""),
+        )
 
     def _experiment_id(self, name: str) -> str:
         from mlflow.exceptions import MlflowException
@@ -194,9 +200,11 @@ class MlflowExporter(TrackerExporter):
                 if exp is None:
                     raise exc
         if exp.lifecycle_stage != "active":
-            raise RuntimeError(f"MLflow experiment {name!r} is deleted; restore it "
-                               f"(`mlflow experiments restore --experiment-id {exp.experiment_id}`) "
-                               "or use another project name")
+            raise RuntimeError(
+                f"MLflow experiment {name!r} is deleted; restore it "
+                f"(`mlflow experiments restore --experiment-id {exp.experiment_id}`) "
+                "or use another project name"
+            )
         return exp.experiment_id
 
     def _find_runs(self, experiment_id: str, run_id: str) -> list[Any]:
@@ -208,11 +216,16 @@ class MlflowExporter(TrackerExporter):
         elif '"' not in run_id:
             literal = f'"{run_id}"'
         else:
-            self._warn_once(f"quote:{run_id}", "otel-rl: run id %r cannot be searched in MLflow; a new run is created",
-                            run_id)
+            self._warn_once(
+                f"quote:{run_id}", "otel-rl: run id %r cannot be searched in MLflow; a new run is created", run_id
+            )
             return []
-        runs = client.search_runs([experiment_id], filter_string=f"tags.`{RUN_ID_TAG}` = {literal}",
-                                  run_view_type=ViewType.ACTIVE_ONLY, max_results=10)
+        runs = client.search_runs(
+            [experiment_id],
+            filter_string=f"tags.`{RUN_ID_TAG}` = {literal}",
+            run_view_type=ViewType.ACTIVE_ONLY,
+            max_results=10,
+        )
         return sorted(runs, key=lambda r: (r.info.start_time or 0, r.info.run_id))
 
     def open_run(self, run: RunIdentity, start: RunStart | None) -> MlflowRun:
@@ -236,8 +249,9 @@ class MlflowExporter(TrackerExporter):
                 tags = run_context_tags()
                 if ident.run_id:
                     tags[RUN_ID_TAG] = ident.run_id
-                mlrun = client.create_run(experiment_id, run_name=shorten_name(ident.experiment, MAX_KEY_CHARS),
-                                          tags=tags)
+                mlrun = client.create_run(
+                    experiment_id, run_name=shorten_name(ident.experiment, MAX_KEY_CHARS), tags=tags
+                )
                 new = True
                 if ident.run_id:  # two processes created it at once: all keep the oldest
                     found = self._find_runs(experiment_id, ident.run_id)
@@ -246,7 +260,9 @@ class MlflowExporter(TrackerExporter):
                         mlrun, new = found[0], False
         if mlrun.info.status != "RUNNING" and not self._leave_open:
             client.update_run(mlrun.info.run_id, status="RUNNING")
-        handle = MlflowRun(mlrun.info.run_id, mlrun.info.experiment_id, dict(mlrun.data.params), dict(mlrun.data.tags), new)
+        handle = MlflowRun(
+            mlrun.info.run_id, mlrun.info.experiment_id, dict(mlrun.data.params), dict(mlrun.data.tags), new
+        )
         if start is not None:
             self.update_config(handle, start)
         return handle
@@ -264,19 +280,29 @@ class MlflowExporter(TrackerExporter):
             key = self._param_keys(str(k))
             value, cut = truncate(param_value(v), MAX_PARAM_VALUE_CHARS)
             if cut:
-                self._warn_once(f"param-cut:{key}", "otel-rl: MLflow param %r is longer than %d characters; truncated",
-                                key, MAX_PARAM_VALUE_CHARS)
+                self._warn_once(
+                    f"param-cut:{key}",
+                    "otel-rl: MLflow param %r is longer than %d characters; truncated",
+                    key,
+                    MAX_PARAM_VALUE_CHARS,
+                )
             old = handle.params.get(key)
             if old == value:
                 continue
             if old is not None:
-                self._warn_once(f"param-changed:{handle.run_id}:{key}",
-                                "otel-rl: MLflow param %r of run %s is already %r; new value %r not logged "
-                                "(MLflow params cannot change)", key, handle.run_id, old[:200], value[:200])
+                self._warn_once(
+                    f"param-changed:{handle.run_id}:{key}",
+                    "otel-rl: MLflow param %r of run %s is already %r; new value %r not logged "
+                    "(MLflow params cannot change)",
+                    key,
+                    handle.run_id,
+                    old[:200],
+                    value[:200],
+                )
                 continue
             todo.append(Param(key, value))
         for i in range(0, len(todo), MAX_PARAMS_TAGS_PER_BATCH):
-            part = todo[i:i + MAX_PARAMS_TAGS_PER_BATCH]
+            part = todo[i : i + MAX_PARAMS_TAGS_PER_BATCH]
             client.log_batch(handle.run_id, params=part)
             for p in part:
                 handle.params[p.key] = p.value
@@ -363,12 +389,14 @@ class MlflowExporter(TrackerExporter):
         if tags:
             handle.inf_tag_sent = inf_text
 
-    def _send_metrics(self, client: Any, handle: MlflowRun, records: list[Any], points: list[Any], tags: list[Any]) -> None:
+    def _send_metrics(
+        self, client: Any, handle: MlflowRun, records: list[Any], points: list[Any], tags: list[Any]
+    ) -> None:
         calls: list[tuple[list[Any], list[Any]]] = []
         i = 0
         n = len(points)
         while i < n:
-            calls.append((points[i:i + MAX_METRICS_PER_BATCH], []))
+            calls.append((points[i : i + MAX_METRICS_PER_BATCH], []))
             i += MAX_METRICS_PER_BATCH
         if tags:
             if calls and len(calls[-1][0]) + len(tags) <= MAX_ENTITIES_PER_BATCH:
@@ -421,8 +449,9 @@ class MlflowExporter(TrackerExporter):
         for step, gens in by_step.items():
             path = GENERATIONS_TABLE.format(step=step)
             rows = self._table_rows(client, handle, step, path)
-            new_rows = rows + [[step, inp, out, score if math.isfinite(score) else None]
-                               for g in gens for inp, out, score in g.rows]
+            new_rows = rows + [
+                [step, inp, out, score if math.isfinite(score) else None] for g in gens for inp, out, score in g.rows
+            ]
             text = json.dumps({"columns": GENERATIONS_COLUMNS, "data": new_rows}, ensure_ascii=False)
             client.log_text(handle.run_id, text, path)  # the whole table of the step: a retry rewrites it
             handle.gen_rows[step] = new_rows
@@ -460,10 +489,13 @@ class MlflowExporter(TrackerExporter):
         tables = handle.tables + [entry]
         text = json.dumps(tables)
         if len(text) > MAX_TAG_VALUE_CHARS:
-            self._warn_once(f"tables-tag:{handle.run_id}",
-                            "otel-rl: run %s has too many tables for MLflow's %s tag; later tables are logged "
-                            "(mlflow.load_table reads them) but not listed in the UI's table view",
-                            handle.run_id, LOGGED_ARTIFACTS_TAG)
+            self._warn_once(
+                f"tables-tag:{handle.run_id}",
+                "otel-rl: run %s has too many tables for MLflow's %s tag; later tables are logged "
+                "(mlflow.load_table reads them) but not listed in the UI's table view",
+                handle.run_id,
+                LOGGED_ARTIFACTS_TAG,
+            )
             return
         client.set_tag(handle.run_id, LOGGED_ARTIFACTS_TAG, text)
         handle.tables = tables
@@ -484,7 +516,7 @@ class MlflowExporter(TrackerExporter):
         limits = self._chunking.get(key)
         if limits is None:
             bulk = self._bulk_writer(tracing) if self._log_spans_supported else None
-            limits = (TXN_LIMITS if bulk is not None and bulk.state == "on" else CALL_LIMITS)
+            limits = TXN_LIMITS if bulk is not None and bulk.state == "on" else CALL_LIMITS
         calls = _traces.chunks(trajectories, *limits)
         for j in range(done, len(calls)):
             try:
@@ -515,8 +547,11 @@ class MlflowExporter(TrackerExporter):
                 groups = [self._spans.spans(t) for t in trajs]
                 for t, g in zip(trajs, groups):
                     self._ahead[t.trace_id] = g
-                bulk.prepare(handle.experiment_id, handle.run_id,
-                             [(_traces.mlflow_trace_id(t.trace_id), g) for t, g in zip(trajs, groups)])
+                bulk.prepare(
+                    handle.experiment_id,
+                    handle.run_id,
+                    [(_traces.mlflow_trace_id(t.trace_id), g) for t, g in zip(trajs, groups)],
+                )
             if len(self._ahead) > _AHEAD_SPANS_MAX:
                 self._ahead.clear()
         except Exception:  # the delivery does the work then
@@ -530,9 +565,13 @@ class MlflowExporter(TrackerExporter):
         if self._log_spans_supported:
             bulk = self._bulk_writer(tracing)
             if bulk is not None:
-                bulk.log(handle.experiment_id, handle.run_id, list(zip(ids, groups)),
-                         lambda spans, tids: self._log_spans(client, tracing, handle, spans, tids, trajs),
-                         max_per_call=MAX_TRACES_PER_CALL)
+                bulk.log(
+                    handle.experiment_id,
+                    handle.run_id,
+                    list(zip(ids, groups)),
+                    lambda spans, tids: self._log_spans(client, tracing, handle, spans, tids, trajs),
+                    max_per_call=MAX_TRACES_PER_CALL,
+                )
                 return
         self._log_spans(client, tracing, handle, [s.mlflow() for g in groups for s in g], ids, trajs)
 
@@ -547,8 +586,9 @@ class MlflowExporter(TrackerExporter):
                 self._bulk = False
         return self._bulk or None
 
-    def _log_spans(self, client: Any, tracing: Any, handle: MlflowRun, spans: list[Any], ids: list[str],
-                   trajs: list[Trajectory]) -> None:
+    def _log_spans(
+        self, client: Any, tracing: Any, handle: MlflowRun, spans: list[Any], ids: list[str], trajs: list[Trajectory]
+    ) -> None:
         """MLflow's own way: log_spans + link_traces_to_run (one trace at a time where unsupported)."""
         if self._log_spans_supported:
             try:
@@ -559,16 +599,23 @@ class MlflowExporter(TrackerExporter):
                     clear_server_version_cache()
                     raise RuntimeError(f"MLflow server unreachable: {exc}") from exc
                 self._log_spans_supported = False
-                self._warn_once("no-log-spans", "otel-rl: the MLflow store at %s cannot ingest spans in batches (%s); "
-                                "logging one trace at a time", self.tracking_uri, exc)
+                self._warn_once(
+                    "no-log-spans",
+                    "otel-rl: the MLflow store at %s cannot ingest spans in batches (%s); logging one trace at a time",
+                    self.tracking_uri,
+                    exc,
+                )
             else:
                 client.link_traces_to_run(ids, handle.run_id)
                 return
         wanted = set(ids)
-        self._log_traces_one_by_one(tracing, handle, [t for t in trajs if _traces.mlflow_trace_id(t.trace_id) in wanted],
-                                    spans)
+        self._log_traces_one_by_one(
+            tracing, handle, [t for t in trajs if _traces.mlflow_trace_id(t.trace_id) in wanted], spans
+        )
 
-    def _log_traces_one_by_one(self, tracing: Any, handle: MlflowRun, trajs: list[Trajectory], spans: list[Any]) -> None:
+    def _log_traces_one_by_one(
+        self, tracing: Any, handle: MlflowRun, trajs: list[Trajectory], spans: list[Any]
+    ) -> None:
         """Stores without span ingestion (file store, servers < 3.4): trace info + span data artifact."""
         from mlflow.entities import TraceData, TraceInfo, TraceLocation, TraceState
 
@@ -588,7 +635,8 @@ class MlflowExporter(TrackerExporter):
             tout = sum(int(n.attributes.get(sc.GEN_AI_USAGE_OUTPUT_TOKENS) or 0) for n in root.walk())
             if tin or tout:
                 metadata["mlflow.trace.tokenUsage"] = json.dumps(
-                    {"input_tokens": tin, "output_tokens": tout, "total_tokens": tin + tout})
+                    {"input_tokens": tin, "output_tokens": tout, "total_tokens": tin + tout}
+                )
             info = TraceInfo(
                 trace_id=tid,
                 trace_location=TraceLocation.from_experiment_id(handle.experiment_id),

@@ -104,8 +104,12 @@ class KeyMapper:
         if owner is not None and owner != key:
             if s == key:
                 # a key MLflow accepts keeps its name even when a renamed key took it first
-                _log.warning("otel-rl: MLflow %s key %r is also the renamed form of %r; their points share it",
-                             self.what, key, owner)
+                _log.warning(
+                    "otel-rl: MLflow %s key %r is also the renamed form of %r; their points share it",
+                    self.what,
+                    key,
+                    owner,
+                )
             else:
                 s = _with_suffix(s, key)
                 reason = (reason + "; " if reason else "") + f"{self._map.get(owner, owner)!r} is taken by {owner!r}"

@@ -115,12 +115,35 @@ class RowSpan:
     attributes already in MLflow's form (JSON texts).  The direct trace writer (`otel_rl_mlflow.direct.traces`)
     reads these fields; `mlflow()` makes the MLflow `Span` that MLflow's own calls take."""
 
-    __slots__ = ("builder", "trace_id", "span_id", "parent_span_id", "name", "attributes", "events", "status_code",
-                 "status_message", "start_ns", "end_ns", "_mlflow")
+    __slots__ = (
+        "builder",
+        "trace_id",
+        "span_id",
+        "parent_span_id",
+        "name",
+        "attributes",
+        "events",
+        "status_code",
+        "status_message",
+        "start_ns",
+        "end_ns",
+        "_mlflow",
+    )
 
-    def __init__(self, builder: SpanBuilder, trace_id: int, span_id: int, parent_span_id: int | None, name: str,
-                 attributes: dict[str, str], events: list[tuple[str, dict, int | None]], status_code: str,
-                 status_message: str | None, start_ns: int, end_ns: int):
+    def __init__(
+        self,
+        builder: SpanBuilder,
+        trace_id: int,
+        span_id: int,
+        parent_span_id: int | None,
+        name: str,
+        attributes: dict[str, str],
+        events: list[tuple[str, dict, int | None]],
+        status_code: str,
+        status_message: str | None,
+        start_ns: int,
+        end_ns: int,
+    ):
         self.builder = builder
         self.trace_id = trace_id
         self.span_id = span_id
@@ -179,11 +202,23 @@ class SpanBuilder:
             else:
                 parent = node.parent_id
             code = node.status if node.status in ("OK", "ERROR") else "UNSET"
-            out.append(RowSpan(self, tid, node.span_id, parent, node.name, attrs,
-                               [(e["name"], e.get("attributes") or {}, e.get("time_ns")) for e in node.events]
-                               if node.events else [],
-                               code, node.status_message if code == "ERROR" else None,
-                               node.start_ns, node.end_ns or node.start_ns))
+            out.append(
+                RowSpan(
+                    self,
+                    tid,
+                    node.span_id,
+                    parent,
+                    node.name,
+                    attrs,
+                    [(e["name"], e.get("attributes") or {}, e.get("time_ns")) for e in node.events]
+                    if node.events
+                    else [],
+                    code,
+                    node.status_message if code == "ERROR" else None,
+                    node.start_ns,
+                    node.end_ns or node.start_ns,
+                )
+            )
         return out
 
     def mlflow_spans(self, t: Trajectory) -> list[Any]:
@@ -238,8 +273,9 @@ def size_hint(t: Trajectory) -> int:
     return n
 
 
-def chunks(trajectories: Sequence[Trajectory], max_traces: int, max_spans: int,
-           max_bytes: int) -> list[list[Trajectory]]:
+def chunks(
+    trajectories: Sequence[Trajectory], max_traces: int, max_spans: int, max_bytes: int
+) -> list[list[Trajectory]]:
     out: list[list[Trajectory]] = []
     cur: list[Trajectory] = []
     spans = size = 0

@@ -20,8 +20,8 @@ from otel_rl.exporters.tracker import TrackerExporter, on_uncaught_exception, ru
 from otel_rl.records import Generations, RunIdentity, RunStart, StepMetrics, Trajectory, merge_step_metrics
 
 from ._console import ConsoleLines
-from ._packages import install_swanlab_requirements
 from ._keys import KeyMap, clean_text, warn_once
+from ._packages import install_swanlab_requirements
 
 _log = logging.getLogger("otel_rl")
 
@@ -52,8 +52,13 @@ def swanlab_project_name(project: str) -> str:
     """SwanLab project names: 1-100 characters of ``0-9 a-z A-Z _ - + .``."""
     out = _PROJECT_BAD.sub("_", project or "")[:_PROJECT_MAX] or "otel_rl"
     if out != project:
-        warn_once(f"swanlab-project:{project}", "otel-rl: project %r is logged to SwanLab as %r (SwanLab project "
-                  "names: at most 100 characters of letters, digits, '_', '-', '+', '.')", project, out)
+        warn_once(
+            f"swanlab-project:{project}",
+            "otel-rl: project %r is logged to SwanLab as %r (SwanLab project "
+            "names: at most 100 characters of letters, digits, '_', '-', '+', '.')",
+            project,
+            out,
+        )
     return out
 
 
@@ -126,8 +131,11 @@ class SwanlabExporter(TrackerExporter):
         on_uncaught_exception(_on_uncaught)  # failures before any SwanLab run is open (SwanLab hooks in at init)
         _live.add(self)
         if getattr(config, "trace_backend", None) == self.tracker_name:
-            warn_once("swanlab-traces", "otel-rl: SwanLab has no trace view; trajectories are not sent to SwanLab "
-                      "(use trace backend 'weave' or 'mlflow')")
+            warn_once(
+                "swanlab-traces",
+                "otel-rl: SwanLab has no trace view; trajectories are not sent to SwanLab "
+                "(use trace backend 'weave' or 'mlflow')",
+            )
         self.wants_trajectories = False
         self._lock = threading.RLock()
         self._active: _Run | None = None
@@ -137,8 +145,12 @@ class SwanlabExporter(TrackerExporter):
         rank = int(getattr(config, "rank", 0) or 0)
         self._inert = rank != 0 and not _true(os.environ.get(ENV_ALL_RANKS))
         if self._inert:
-            _log.info("otel-rl: SwanLab exporter on rank %d is idle: metrics go to SwanLab from rank 0 only "
-                      "(set %s=true to log from every rank)", rank, ENV_ALL_RANKS)
+            _log.info(
+                "otel-rl: SwanLab exporter on rank %d is idle: metrics go to SwanLab from rank 0 only "
+                "(set %s=true to log from every rank)",
+                rank,
+                ENV_ALL_RANKS,
+            )
 
     # -- records -------------------------------------------------------------------------
     def export_records(self, records: Sequence[Any]) -> None:
@@ -149,8 +161,11 @@ class SwanlabExporter(TrackerExporter):
             if not wanted:
                 return
             if self._closed:
-                warn_once("swanlab-closed", "otel-rl: SwanLab exporter received %d records after shutdown; "
-                          "not logged", len(wanted))
+                warn_once(
+                    "swanlab-closed",
+                    "otel-rl: SwanLab exporter received %d records after shutdown; not logged",
+                    len(wanted),
+                )
                 return
             super().export_records(wanted)
 
@@ -207,8 +222,11 @@ class SwanlabExporter(TrackerExporter):
         # process's own output)
         out, err = getattr(proxy, "_on_stdout_write", None), getattr(proxy, "_on_stderr_write", None)
         if out is None or err is None:
-            warn_once("swanlab-console", "otel-rl: this SwanLab version offers no way to add the training "
-                      "process's console output to the run; its log holds the export process's")
+            warn_once(
+                "swanlab-console",
+                "otel-rl: this SwanLab version offers no way to add the training "
+                "process's console output to the run; its log holds the export process's",
+            )
             return
         for stream, text in chunks:
             (err if stream == "stderr" else out)(text)
@@ -244,11 +262,15 @@ class SwanlabExporter(TrackerExporter):
             pass
 
     # -- step rows ----------------------------------------------------------------------------
-    def _add(self, state: _Run, step: int, values: dict[str, Any] | None,
-             rows: list[tuple[str, str, float]] | None) -> None:
+    def _add(
+        self, state: _Run, step: int, values: dict[str, Any] | None, rows: list[tuple[str, str, float]] | None
+    ) -> None:
         if step < 0:
-            warn_once("swanlab-negative-step", "otel-rl: SwanLab does not accept negative steps; values logged at "
-                      "step %d are not sent to SwanLab", step)
+            warn_once(
+                "swanlab-negative-step",
+                "otel-rl: SwanLab does not accept negative steps; values logged at step %d are not sent to SwanLab",
+                step,
+            )
             return
         vals = {state.keys(k): _number(v) for k, v in values.items()} if values else {}
         if state.step is None or step > state.step:
@@ -286,17 +308,28 @@ class SwanlabExporter(TrackerExporter):
             else:
                 data[key] = self._table(step, gens)
         if late:
-            warn_once(f"swanlab-dup:{state.ident}", "otel-rl: %d value(s) for step %d of run %s (e.g. %r) came after "
-                      "that step was written to SwanLab, which keeps the first value logged at a step; they are "
-                      "dropped there (flush() in the middle of a step causes this)", len(late), step, state.label(),
-                      late[0])
+            warn_once(
+                f"swanlab-dup:{state.ident}",
+                "otel-rl: %d value(s) for step %d of run %s (e.g. %r) came after "
+                "that step was written to SwanLab, which keeps the first value logged at a step; they are "
+                "dropped there (flush() in the middle of a step causes this)",
+                len(late),
+                step,
+                state.label(),
+                late[0],
+            )
         if not data:
             return
         try:
             state.run.log(data, step=step)
         except Exception as exc:  # swanlab.log swallows its own errors; this is a finished / forked run
-            warn_once(f"swanlab-log:{type(exc).__name__}", "otel-rl: SwanLab log failed (%s: %s); values of step %d "
-                      "not logged", type(exc).__name__, exc, step)
+            warn_once(
+                f"swanlab-log:{type(exc).__name__}",
+                "otel-rl: SwanLab log failed (%s: %s); values of step %d not logged",
+                type(exc).__name__,
+                exc,
+                step,
+            )
             return
         if done is None:
             done = state.written[step] = set()
@@ -309,8 +342,10 @@ class SwanlabExporter(TrackerExporter):
         import swanlab
 
         table = swanlab.echarts.Table()
-        table.add(headers=list(GENERATION_HEADERS),
-                  rows=[[step, clean_text(str(i)), clean_text(str(o)), float(s)] for i, o, s in rows])
+        table.add(
+            headers=list(GENERATION_HEADERS),
+            rows=[[step, clean_text(str(i)), clean_text(str(o)), float(s)] for i, o, s in rows],
+        )
         return table
 
     # -- SwanLab runs -----------------------------------------------------------------------------
@@ -328,17 +363,28 @@ class SwanlabExporter(TrackerExporter):
             state.dead = True
             state.run = None
             self._active = None
-            warn_once(f"swanlab-dead:{state.ident}", "otel-rl: the SwanLab run of %s was finished outside otel-rl; "
-                      "its further values are not logged", state.label())
+            warn_once(
+                f"swanlab-dead:{state.ident}",
+                "otel-rl: the SwanLab run of %s was finished outside otel-rl; its further values are not logged",
+                state.label(),
+            )
             return False
         cur = self._active
         if cur is not None and cur.run is not None and _alive(cur.run):
             if not cur.owned:
-                warn_once(f"swanlab-foreign:{state.ident}", "otel-rl: the application's own SwanLab run is active; "
-                          "values of run %s are not logged (SwanLab keeps one run per process)", state.label())
+                warn_once(
+                    f"swanlab-foreign:{state.ident}",
+                    "otel-rl: the application's own SwanLab run is active; "
+                    "values of run %s are not logged (SwanLab keeps one run per process)",
+                    state.label(),
+                )
                 return False
-            warn_once(f"swanlab-switch:{state.ident}", "otel-rl: SwanLab keeps one run per process; finishing the "
-                      "run of %s to log %s", cur.label(), state.label())
+            warn_once(
+                f"swanlab-switch:{state.ident}",
+                "otel-rl: SwanLab keeps one run per process; finishing the run of %s to log %s",
+                cur.label(),
+                state.label(),
+            )
             self._emit(cur)
             self._finish(cur)
         self._active = None
@@ -355,8 +401,11 @@ class SwanlabExporter(TrackerExporter):
             try:
                 self._console_finish(state)
             except Exception as exc:  # the run is finished below all the same
-                warn_once("swanlab-console-finish", "otel-rl: the training process's last console lines could "
-                          "not be added to the SwanLab run: %s", exc)
+                warn_once(
+                    "swanlab-console-finish",
+                    "otel-rl: the training process's last console lines could not be added to the SwanLab run: %s",
+                    exc,
+                )
         run, state.run = state.run, None
         if run is not None and state.owned and _alive(run):
             if _crash is not None:  # the process is ending with an uncaught exception
@@ -375,10 +424,14 @@ class SwanlabExporter(TrackerExporter):
                     mode = "cloud"  # verl's default
                 else:
                     mode = "offline"
-                    _log.warning("otel-rl: %s is not set and there is no saved SwanLab login, so SwanLab runs in "
-                                 "offline mode (run data under %s; upload later with `swanlab sync <run dir>`; set "
-                                 "%s to choose)", ENV_API_KEY, os.environ.get(ENV_LOG_DIR) or DEFAULT_LOG_DIR,
-                                 ENV_MODE)
+                    _log.warning(
+                        "otel-rl: %s is not set and there is no saved SwanLab login, so SwanLab runs in "
+                        "offline mode (run data under %s; upload later with `swanlab sync <run dir>`; set "
+                        "%s to choose)",
+                        ENV_API_KEY,
+                        os.environ.get(ENV_LOG_DIR) or DEFAULT_LOG_DIR,
+                        ENV_MODE,
+                    )
             self._mode = mode
         return self._mode
 
@@ -390,8 +443,7 @@ class SwanlabExporter(TrackerExporter):
             state.run = swanlab.get_run()
             state.owned = False
             state.opened += 1
-            _log.info("otel-rl: a SwanLab run is already active in this process; logging run %s into it",
-                      state.label())
+            _log.info("otel-rl: a SwanLab run is already active in this process; logging run %s into it", state.label())
             state.run.config.update(self._run_config(state))
             return
         mode = self._resolve_mode()

@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
+
 from otel_rl.exporters.base import warn_once
 
 _log = logging.getLogger("otel_rl")
@@ -30,6 +31,7 @@ SYSTEM_PREFIX = "__swanlab__."
 _EDGE = " \t\n\r./"
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
+
 
 def clean_text(text: str) -> str:
     """`text` with lone surrogates replaced by U+FFFD (SwanLab writes UTF-8 protobuf and files)."""
@@ -72,8 +74,13 @@ class KeyMap:
         self._owner[out] = key
         self._out[key] = out
         if out != key:
-            warn_once(f"swanlab-key:{key}", "otel-rl: metric key %r is logged to SwanLab as %r (SwanLab keys: at "
-                      "most 512 characters, no control characters, no leading/trailing ' ./', distinct)", key, out)
+            warn_once(
+                f"swanlab-key:{key}",
+                "otel-rl: metric key %r is logged to SwanLab as %r (SwanLab keys: at "
+                "most 512 characters, no control characters, no leading/trailing ' ./', distinct)",
+                key,
+                out,
+            )
         return out
 
     def items(self) -> list[tuple[str, str]]:

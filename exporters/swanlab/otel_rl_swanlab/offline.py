@@ -104,11 +104,19 @@ def read_run(run_dir: str | Path) -> OfflineRun:
                 logs.append((LogLevel.Name(rec.log.level), rec.log.line))
     finally:
         reader.close()
-    return OfflineRun(run_dir=run_dir, run_id=start.id if start else "", project=start.project if start else "",
-                      name=start.name if start else "",
-                      started_at=start.started_at.ToNanoseconds() / 1e9 if start else 0.0,
-                      state=state, scalars=scalars, media=media, config=read_config(run_dir), record_counts=counts,
-                      logs=logs)
+    return OfflineRun(
+        run_dir=run_dir,
+        run_id=start.id if start else "",
+        project=start.project if start else "",
+        name=start.name if start else "",
+        started_at=start.started_at.ToNanoseconds() / 1e9 if start else 0.0,
+        state=state,
+        scalars=scalars,
+        media=media,
+        config=read_config(run_dir),
+        record_counts=counts,
+        logs=logs,
+    )
 
 
 def read_config(run_dir: str | Path) -> dict[str, Any]:
@@ -118,8 +126,9 @@ def read_config(run_dir: str | Path) -> dict[str, Any]:
     if not path.exists():
         return {}
     raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    items = sorted(((k, v.get("value"), v.get("sort", 0)) for k, v in raw.items() if isinstance(v, dict)),
-                   key=lambda kv: kv[2])
+    items = sorted(
+        ((k, v.get("value"), v.get("sort", 0)) for k, v in raw.items() if isinstance(v, dict)), key=lambda kv: kv[2]
+    )
     return {k: v for k, v, _ in items}
 
 

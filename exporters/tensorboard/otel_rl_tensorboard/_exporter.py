@@ -84,8 +84,11 @@ class TensorboardExporter(TrackerExporter):
 
         self._Event, self._Summary, self._text_pb, self._Writer = Event, Summary, text_pb, EventFileWriter
         if getattr(config, "trace_backend", None) == self.tracker_name:
-            warn_once("tensorboard-traces", "otel-rl: TensorBoard has no trace view; trajectories are not written "
-                      "to TensorBoard (use trace backend 'mlflow' or 'weave')")
+            warn_once(
+                "tensorboard-traces",
+                "otel-rl: TensorBoard has no trace view; trajectories are not written "
+                "to TensorBoard (use trace backend 'mlflow' or 'weave')",
+            )
         self.wants_trajectories = False
         self._env_dir = os.environ.get(ENV_DIR)
         self._cwd = os.getcwd()  # relative directories as at init() (a trainer may chdir later)
@@ -98,8 +101,14 @@ class TensorboardExporter(TrackerExporter):
         if owner is not None and owner != run:
             # a second run identity in this exporter (a bridge serving several trainings): its own directory
             path = os.path.join(path, run.run_id or "run")
-            warn_once(f"tensorboard-shared:{path}", "otel-rl: run %s/%s (%s) shares its TensorBoard directory with "
-                      "another run; its event files go to %s", run.project, run.experiment, run.run_id, path)
+            warn_once(
+                f"tensorboard-shared:{path}",
+                "otel-rl: run %s/%s (%s) shares its TensorBoard directory with another run; its event files go to %s",
+                run.project,
+                run.experiment,
+                run.run_id,
+                path,
+            )
         os.makedirs(path, exist_ok=True)
         writer = self._Writer(path)
         self._dirs.setdefault(path, run)
@@ -149,5 +158,9 @@ class TensorboardExporter(TrackerExporter):
             try:
                 state.writer.flush()
             except Exception as exc:  # reported here; the next delivery raises it again and is retried
-                warn_once(f"tensorboard-flush:{type(exc).__name__}", "otel-rl: TensorBoard event file flush failed "
-                          "(%s: %s)", type(exc).__name__, exc)
+                warn_once(
+                    f"tensorboard-flush:{type(exc).__name__}",
+                    "otel-rl: TensorBoard event file flush failed (%s: %s)",
+                    type(exc).__name__,
+                    exc,
+                )

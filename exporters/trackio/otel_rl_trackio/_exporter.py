@@ -58,8 +58,11 @@ class TrackioExporter(TrackerExporter):
         self._trackio = trackio
         self._app_run = context_vars.current_run.get()
         if getattr(config, "trace_backend", None) == self.tracker_name:
-            warn_once("trackio-traces", "otel-rl: trajectories are not written to Trackio (use trace backend "
-                      "'mlflow' or 'weave'); metrics and validation generations are")
+            warn_once(
+                "trackio-traces",
+                "otel-rl: trajectories are not written to Trackio (use trace backend "
+                "'mlflow' or 'weave'); metrics and validation generations are",
+            )
         self.wants_trajectories = False
 
     # -- runs ------------------------------------------------------------------------------
@@ -67,15 +70,20 @@ class TrackioExporter(TrackerExporter):
         config = {CONFIG_RUN_ID_KEY: run.run_id, **(start.config if start is not None else {})}
         app, self._app_run = self._app_run, None
         if app is not None:
-            _log.info("otel-rl: a Trackio run is already open in this process; logging run %s into it",
-                      f"{run.project}/{run.experiment}")
+            _log.info(
+                "otel-rl: a Trackio run is already open in this process; logging run %s into it",
+                f"{run.project}/{run.experiment}",
+            )
             return _Run(run, app, owned=False)
         handle = self._trackio.init(project=run.project or "otel_rl", name=run.experiment or None, config=config)
         return _Run(run, handle, owned=True)
 
     def update_config(self, handle: _Run, start: RunStart) -> None:
-        warn_once(f"trackio-config:{handle.ident}", "otel-rl: Trackio keeps the config given when its run opens; a "
-                  "later config of run %s is not recorded", handle.label())
+        warn_once(
+            f"trackio-config:{handle.ident}",
+            "otel-rl: Trackio keeps the config given when its run opens; a later config of run %s is not recorded",
+            handle.label(),
+        )
 
     def write_metrics(self, handle: _Run, metrics: list[StepMetrics]) -> None:
         for m in metrics:
@@ -84,10 +92,17 @@ class TrackioExporter(TrackerExporter):
     def write_generations(self, handle: _Run, generations: list[Generations]) -> None:
         trace = self._trackio.Trace
         for g in generations:
-            traces = [trace(messages=[{"role": "user", "content": str(i)}, {"role": "assistant", "content": str(o)}],
-                            metadata={"source": "validation_generations", "sample_index": n,
-                                      "score": None if s is None or isinstance(s, float) and math.isnan(s) else s})
-                      for n, (i, o, s) in enumerate(g.rows)]
+            traces = [
+                trace(
+                    messages=[{"role": "user", "content": str(i)}, {"role": "assistant", "content": str(o)}],
+                    metadata={
+                        "source": "validation_generations",
+                        "sample_index": n,
+                        "score": None if s is None or isinstance(s, float) and math.isnan(s) else s,
+                    },
+                )
+                for n, (i, o, s) in enumerate(g.rows)
+            ]
             if traces:
                 handle.run.log({GENERATIONS_KEY: traces}, step=g.step)
 
@@ -111,5 +126,6 @@ class TrackioExporter(TrackerExporter):
             with lock:
                 write()
         except Exception as exc:  # its own thread writes it later
-            warn_once(f"trackio-flush:{type(exc).__name__}", "otel-rl: Trackio flush failed (%s: %s)",
-                      type(exc).__name__, exc)
+            warn_once(
+                f"trackio-flush:{type(exc).__name__}", "otel-rl: Trackio flush failed (%s: %s)", type(exc).__name__, exc
+            )

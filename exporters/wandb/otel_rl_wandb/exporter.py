@@ -30,9 +30,9 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from otel_rl import semconv as sc
+from otel_rl.exporters.base import warn_once
 from otel_rl.exporters.tracker import TrackerExporter
 from otel_rl.records import Generations, RunIdentity, RunStart, StepMetrics, merge_step_metrics
-from otel_rl.exporters.base import warn_once
 
 from ._packages import install_wandb_working_set
 
@@ -46,6 +46,8 @@ ENV_STEP_METRIC = sc.ENV_PREFIX + "WANDB_STEP_METRIC"
 EMPTY_KEY = "(empty)"
 
 _RUN_ID_OK = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
+
+
 def wandb_run_id(ident: RunIdentity) -> str:
     """Stable wandb run id of an otel-rl run: the same in every process and after a restart.
 
@@ -178,8 +180,18 @@ CONSOLE_HELD_MAX = 1 << 16
 class WandbRun:
     """What the exporter keeps per wandb run."""
 
-    __slots__ = ("ident", "run", "init_kwargs", "latest", "stale", "gen_rows", "gen_width", "gen_step", "gen_dirty",
-                 "console_rest")
+    __slots__ = (
+        "ident",
+        "run",
+        "init_kwargs",
+        "latest",
+        "stale",
+        "gen_rows",
+        "gen_width",
+        "gen_step",
+        "gen_dirty",
+        "console_rest",
+    )
 
     def __init__(self, ident: RunIdentity, run: Any, init_kwargs: dict[str, Any]):
         self.ident = ident
@@ -212,8 +224,11 @@ class WandbExporter(TrackerExporter):
         _dataframe_check_without_importing_pandas(wandb)
         self.wants_trajectories = False  # trajectories go to the weave exporter
         if getattr(config, "trace_backend", None) == self.tracker_name:
-            warn_once("wandb-trace-backend", "otel-rl: the wandb exporter does not export trajectories; W&B's "
-                      "trace backend is weave (actor_rollout_ref.rollout.trace.backend=weave)")
+            warn_once(
+                "wandb-trace-backend",
+                "otel-rl: the wandb exporter does not export trajectories; W&B's "
+                "trace backend is weave (actor_rollout_ref.rollout.trace.backend=weave)",
+            )
         self.step_metric = os.environ.get(ENV_STEP_METRIC) or STEP_METRIC
         self._reinit = _reinit_kwarg(wandb)
         self._lock = threading.RLock()
@@ -277,8 +292,12 @@ class WandbExporter(TrackerExporter):
         every live run of the process, ours included; its next rows resume the same run id.
         """
         if getattr(handle.run, "_is_finished", False):
-            warn_once(f"wandb-resumed:{handle.ident.run_id}", "otel-rl: the wandb run %s was finished by other "
-                      "code (wandb.init with reinit=True / 'finish_previous'?); resuming it", handle.init_kwargs["id"])
+            warn_once(
+                f"wandb-resumed:{handle.ident.run_id}",
+                "otel-rl: the wandb run %s was finished by other "
+                "code (wandb.init with reinit=True / 'finish_previous'?); resuming it",
+                handle.init_kwargs["id"],
+            )
             handle.run = self._start(handle.init_kwargs)
         return handle.run
 
@@ -295,17 +314,25 @@ class WandbExporter(TrackerExporter):
             try:
                 with self.console_lock:
                     rest, handle.console_rest = handle.console_rest, {}
-                    self.console_to_run(handle, [(stream, "".join(held[1:])) for stream, held in rest.items()],
-                                        whole=True)
+                    self.console_to_run(
+                        handle, [(stream, "".join(held[1:])) for stream, held in rest.items()], whole=True
+                    )
             except Exception as exc:  # the run is finished below all the same
-                warn_once("wandb-console-rest", "otel-rl: the training process's last console text could not be "
-                          "added to the wandb run: %s", exc)
+                warn_once(
+                    "wandb-console-rest",
+                    "otel-rl: the training process's last console text could not be added to the wandb run: %s",
+                    exc,
+                )
         try:
             code = getattr(self, "_exit_code", None)
             handle.run.finish() if code is None else handle.run.finish(exit_code=code)
         except Exception as exc:
-            warn_once(f"wandb-finish:{type(exc).__name__}", "otel-rl: wandb run %s did not finish cleanly: %s",
-                      handle.ident.run_id, exc)
+            warn_once(
+                f"wandb-finish:{type(exc).__name__}",
+                "otel-rl: wandb run %s did not finish cleanly: %s",
+                handle.ident.run_id,
+                exc,
+            )
 
     def console_to_run(self, handle: WandbRun, chunks: list[tuple[str, str]], whole: bool = False) -> None:
         """The training process's console into the run's log (``output.log``, the Logs tab), by the
@@ -323,8 +350,11 @@ class WandbExporter(TrackerExporter):
             return
         write = getattr(run, "_console_raw_callback", None)
         if write is None:
-            warn_once("wandb-console", "otel-rl: this wandb version offers no way to add the training process's "
-                      "console output to the run; its log holds the export process's")
+            warn_once(
+                "wandb-console",
+                "otel-rl: this wandb version offers no way to add the training process's "
+                "console output to the run; its log holds the export process's",
+            )
             return
         rest = handle.console_rest
         for stream, text in chunks:
@@ -373,8 +403,13 @@ class WandbExporter(TrackerExporter):
                     k = EMPTY_KEY
                 data[k] = v
             if sm in data and data[sm] != row.step:
-                warn_once(f"wandb-step-key:{sm}", "otel-rl: metric %r is wandb's step key here; the logged step "
-                          "(%d) replaces the value %r", sm, row.step, data[sm])
+                warn_once(
+                    f"wandb-step-key:{sm}",
+                    "otel-rl: metric %r is wandb's step key here; the logged step (%d) replaces the value %r",
+                    sm,
+                    row.step,
+                    data[sm],
+                )
             data[sm] = row.step
             self.log(handle, data)
             self._done[key] = first

@@ -114,7 +114,7 @@ def iter_records(data: bytes) -> Iterator[bytes | None]:
         if pos + HEADER_LEN + length > end:
             yield None
             return
-        chunk = data[pos + HEADER_LEN:pos + HEADER_LEN + length]
+        chunk = data[pos + HEADER_LEN : pos + HEADER_LEN + length]
         if kind > LAST or (zlib.crc32(chunk, _TYPE_CRC[kind]) & 0xFFFFFFFF) != crc:
             if pos + HEADER_LEN + length >= end - BLOCK_LEN:  # near the end: being written
                 yield None
@@ -231,8 +231,13 @@ def _load_tables(data: RunData) -> None:
     for row in data.history:
         for key, value in row.items():
             if isinstance(value, dict) and value.get("_type") in TABLE_TYPES and value.get("path"):
-                entry: dict[str, Any] = {"path": value["path"], "_step": row.get("_step"), "columns": None,
-                                         "data": None, "ref": value}
+                entry: dict[str, Any] = {
+                    "path": value["path"],
+                    "_step": row.get("_step"),
+                    "columns": None,
+                    "data": None,
+                    "ref": value,
+                }
                 fpath = os.path.join(files, value["path"])
                 if os.path.exists(fpath):
                     with open(fpath, encoding="utf-8") as f:
@@ -267,8 +272,11 @@ def find_run_dirs(wandb_dir: str, run_id: str | None = None) -> list[str]:
     base = os.fspath(wandb_dir)
     if os.path.isdir(os.path.join(base, "wandb")):
         base = os.path.join(base, "wandb")
-    pattern = re.compile(r"(?:offline-)?run-(\d{8}_\d{6})-" +
-                         (re.escape(run_id) + r"(?:-(\d+))?" if run_id is not None else r".*()") + r"$")
+    pattern = re.compile(
+        r"(?:offline-)?run-(\d{8}_\d{6})-"
+        + (re.escape(run_id) + r"(?:-(\d+))?" if run_id is not None else r".*()")
+        + r"$"
+    )
     found = []
     for d in glob.glob(os.path.join(base, "*run-*")):
         m = pattern.fullmatch(os.path.basename(d))

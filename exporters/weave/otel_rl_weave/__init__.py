@@ -16,5 +16,4 @@ from ._exporter import META_KEY, WeaveExporter, call_id, call_inputs, call_outpu
 WeaveSpanExporter = span_exporter_class("weave")
 WeaveSpanExporter.__module__ = __name__
 
-__all__ = ["META_KEY", "WeaveExporter", "WeaveSpanExporter", "call_id", "call_inputs", "call_output",
-           "exception_info"]
+__all__ = ["META_KEY", "WeaveExporter", "WeaveSpanExporter", "call_id", "call_inputs", "call_output", "exception_info"]

@@ -12,9 +12,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from otel_rl import semconv as sc
+from otel_rl.exporters.base import warn_once
 from otel_rl.exporters.tracker import TrackerExporter
 from otel_rl.records import RunIdentity, RunStart, SpanNode, Trajectory
-from otel_rl.exporters.base import warn_once
 
 _log = logging.getLogger("otel_rl")
 
@@ -30,8 +30,7 @@ MAX_EVENTS = 32
 def call_id(trace_id: int, span_id: int, start_ns: int) -> str:
     """A Weave call id for one span: a UUIDv7 (Weave's id format) whose time is the span's start
     and whose other bits come from the span's trace and span ids, so a re-sent trajectory keeps its ids."""
-    v = bytearray(hashlib.blake2b(trace_id.to_bytes(16, "big") + span_id.to_bytes(8, "big"),
-                                  digest_size=16).digest())
+    v = bytearray(hashlib.blake2b(trace_id.to_bytes(16, "big") + span_id.to_bytes(8, "big"), digest_size=16).digest())
     v[0:6] = (max(0, start_ns) // 1_000_000 & (1 << 48) - 1).to_bytes(6, "big")
     v[6] = (v[6] & 0x0F) | 0x70
     v[8] = (v[8] & 0x3F) | 0x80
@@ -90,8 +89,11 @@ def exception_info(node: SpanNode) -> dict[str, str] | None:
     attrs = events[-1].get("attributes", {}) if events else {}
     out = {
         "type": str(attrs.get(sc.EXCEPTION_TYPE) or node.attributes.get(sc.ERROR_TYPE) or "Error"),
-        "message": str(attrs.get(sc.EXCEPTION_MESSAGE) if attrs.get(sc.EXCEPTION_MESSAGE) is not None
-                       else (node.status_message or "")),
+        "message": str(
+            attrs.get(sc.EXCEPTION_MESSAGE)
+            if attrs.get(sc.EXCEPTION_MESSAGE) is not None
+            else (node.status_message or "")
+        ),
     }
     if attrs.get(sc.EXCEPTION_STACKTRACE):
         out["stacktrace"] = str(attrs[sc.EXCEPTION_STACKTRACE])
@@ -143,8 +145,10 @@ def call_meta(t: Trajectory, node: SpanNode, is_root: bool) -> dict[str, Any]:
         meta["exception"] = exc
     events = [e for e in node.events if e.get("name") != sc.EVENT_EXCEPTION][:MAX_EVENTS]
     if events:
-        meta["events"] = [{"name": e.get("name"), "time_ns": e.get("time_ns"),
-                           "attributes": _jsonable(e.get("attributes") or {})} for e in events]
+        meta["events"] = [
+            {"name": e.get("name"), "time_ns": e.get("time_ns"), "attributes": _jsonable(e.get("attributes") or {})}
+            for e in events
+        ]
     if is_root:
         meta["trajectory"] = {"name": t.name, "complete": t.complete}
     return meta
@@ -158,8 +162,7 @@ def usage_summary(node: SpanNode) -> dict[str, Any] | None:
         return None
     model = str(a.get(sc.GEN_AI_RESPONSE_MODEL) or a.get(sc.GEN_AI_REQUEST_MODEL) or "unknown")
     tin, tout = int(tin or 0), int(tout or 0)
-    return {"usage": {model: {"requests": 1, "input_tokens": tin, "output_tokens": tout,
-                              "total_tokens": tin + tout}}}
+    return {"usage": {model: {"requests": 1, "input_tokens": tin, "output_tokens": tout, "total_tokens": tin + tout}}}
 
 
 FALLBACK_OP_NAME = "otel_rl_op"
@@ -185,8 +188,10 @@ def _require_credentials() -> None:
     except ImportError:  # pragma: no cover - another Weave layout: let weave.init decide
         return
     if get_wandb_auth_context() is None:
-        raise RuntimeError("Weave needs W&B credentials: set WANDB_API_KEY (or run `wandb login`), or call "
-                           "weave.init(project) in the application before otel-rl starts")
+        raise RuntimeError(
+            "Weave needs W&B credentials: set WANDB_API_KEY (or run `wandb login`), or call "
+            "weave.init(project) in the application before otel-rl starts"
+        )
 
 
 # ----------------------------------------------------------------------------- the exporter
@@ -235,8 +240,11 @@ class WeaveExporter(TrackerExporter):
             return
         with self._lock:
             if self._closed:
-                warn_once("weave-closed", "otel-rl: Weave exporter received %d trajectories after shutdown; "
-                          "not sent", len(trajectories))
+                warn_once(
+                    "weave-closed",
+                    "otel-rl: Weave exporter received %d trajectories after shutdown; not sent",
+                    len(trajectories),
+                )
                 return
             super().export_records(trajectories)
 
@@ -285,8 +293,11 @@ class WeaveExporter(TrackerExporter):
             **kwargs,
         )
         if type(call).__name__ == "NoOpCall":
-            warn_once("weave-disabled", "otel-rl: Weave tracing is off in this process (WEAVE_DISABLED, or no Weave "
-                      "client); trajectories are not sent to Weave")
+            warn_once(
+                "weave-disabled",
+                "otel-rl: Weave tracing is off in this process (WEAVE_DISABLED, or no Weave "
+                "client); trajectories are not sent to Weave",
+            )
             return call
         for child in node.children:
             self._write_node(client, t, child, call, base)
@@ -297,8 +308,9 @@ class WeaveExporter(TrackerExporter):
         end_kwargs: dict[str, Any] = {}
         if "ended_at" in self._accepts(client, "finish_call"):
             end_kwargs["ended_at"] = to_datetime(node.end_ns)
-        client.finish_call(call, output=call_output(node),
-                           exception=remote_exception(info) if info is not None else None, **end_kwargs)
+        client.finish_call(
+            call, output=call_output(node), exception=remote_exception(info) if info is not None else None, **end_kwargs
+        )
         return call
 
     def _accepts(self, client: Any, method: str) -> set[str]:
@@ -330,8 +342,12 @@ class WeaveExporter(TrackerExporter):
         else:  # a client for another project is the global one: keep it, add one for this project
             from weave.trace.weave_client import WeaveClient
 
-            client = WeaveClient(entity or current.entity, name, current.server,
-                                 ensure_project_exists=getattr(current, "ensure_project_exists", True))
+            client = WeaveClient(
+                entity or current.entity,
+                name,
+                current.server,
+                ensure_project_exists=getattr(current, "ensure_project_exists", True),
+            )
             self._extra.append(client)
         self._clients[project] = client
         return client

@@ -145,9 +145,11 @@ class BulkMetricWriter(SqliteWriter):
     def _stored_latest(self, con: sqlite3.Connection, run_id: str, keys: list[str]) -> dict[str, tuple]:
         out: dict[str, tuple] = {}
         for i in range(0, len(keys), 500):
-            part = keys[i:i + 500]
-            q = (f"SELECT {', '.join(_LATEST_COLUMNS)} FROM latest_metrics "
-                 f"WHERE run_uuid = ? AND key IN ({','.join('?' * len(part))})")
+            part = keys[i : i + 500]
+            q = (
+                f"SELECT {', '.join(_LATEST_COLUMNS)} FROM latest_metrics "
+                f"WHERE run_uuid = ? AND key IN ({','.join('?' * len(part))})"
+            )
             out.update((r[0], r) for r in con.execute(q, [run_id, *part]))
         return out
 
@@ -162,20 +164,24 @@ class BulkMetricWriter(SqliteWriter):
                     con.execute("ROLLBACK")
                     return False  # MLflow raises its own error for it
                 try:
-                    con.executemany(f"INSERT INTO metrics ({', '.join(_METRIC_COLUMNS)}) VALUES (?, ?, ?, ?, ?, ?)",
-                                    rows)
+                    con.executemany(
+                        f"INSERT INTO metrics ({', '.join(_METRIC_COLUMNS)}) VALUES (?, ?, ?, ?, ?, ?)", rows
+                    )
                 except sqlite3.IntegrityError:  # already stored (a re-delivery): MLflow skips those points
                     con.execute("ROLLBACK")
                     return False
                 stored = self._stored_latest(con, run_id, sorted({r[0] for r in rows}))
                 insert, update = self.latest(rows, stored)
                 if insert:
-                    con.executemany(f"INSERT INTO latest_metrics ({', '.join(_LATEST_COLUMNS)}) "
-                                    "VALUES (?, ?, ?, ?, ?, ?)", insert)
+                    con.executemany(
+                        f"INSERT INTO latest_metrics ({', '.join(_LATEST_COLUMNS)}) VALUES (?, ?, ?, ?, ?, ?)", insert
+                    )
                 if update:
-                    con.executemany("UPDATE latest_metrics SET value = ?, timestamp = ?, step = ?, is_nan = ? "
-                                    "WHERE key = ? AND run_uuid = ?",
-                                    [(r[1], r[2], r[3], r[4], r[0], r[5]) for r in update])
+                    con.executemany(
+                        "UPDATE latest_metrics SET value = ?, timestamp = ?, step = ?, is_nan = ? "
+                        "WHERE key = ? AND run_uuid = ?",
+                        [(r[1], r[2], r[3], r[4], r[0], r[5]) for r in update],
+                    )
             except BaseException:
                 con.execute("ROLLBACK")
                 raise
@@ -196,8 +202,10 @@ class BulkMetricWriter(SqliteWriter):
     def _snapshot(self, run_id: str, keys: list[str]) -> tuple[dict[str, tuple], dict[str, int]]:
         with self._lock:
             con = self._connection()
-            counts = {t: con.execute(f"SELECT COUNT(*) FROM '{t}' WHERE run_uuid = ?", (run_id,)).fetchone()[0]
-                      for t in self._tables_of_runs(con)}
+            counts = {
+                t: con.execute(f"SELECT COUNT(*) FROM '{t}' WHERE run_uuid = ?", (run_id,)).fetchone()[0]
+                for t in self._tables_of_runs(con)
+            }
             return self._stored_latest(con, run_id, keys), counts
 
     def _stored(self, run_id: str, rows: list[tuple]) -> tuple[list[dict], list[dict]]:
@@ -206,8 +214,9 @@ class BulkMetricWriter(SqliteWriter):
             con = self._connection()
             points: list[dict] = []
             for key, step in sorted({(r[0], r[3]) for r in rows}):
-                cur = con.execute("SELECT * FROM metrics WHERE run_uuid = ? AND key = ? AND step = ?",
-                                  (run_id, key, step))
+                cur = con.execute(
+                    "SELECT * FROM metrics WHERE run_uuid = ? AND key = ? AND step = ?", (run_id, key, step)
+                )
                 names = [d[0] for d in cur.description]
                 points.extend(dict(zip(names, r)) for r in cur.fetchall())
             keys = sorted({r[0] for r in rows})
@@ -218,8 +227,9 @@ class BulkMetricWriter(SqliteWriter):
                 latest.extend(dict(zip(names, r)) for r in cur.fetchall())
             return points, latest
 
-    def _probe(self, run_id: str, metrics: list[Any], rows: list[tuple],
-               mlflow_write: Callable[[list[Any]], None]) -> None:
+    def _probe(
+        self, run_id: str, metrics: list[Any], rows: list[tuple], mlflow_write: Callable[[list[Any]], None]
+    ) -> None:
         """MLflow writes this batch; its rows are compared with the ones computed here."""
         snapshot: tuple[dict[str, tuple], dict[str, int]] | str
         try:
@@ -238,8 +248,13 @@ class BulkMetricWriter(SqliteWriter):
             return
         self.state = "off"
         self.mismatch = diff
-        _log.warning("otel-rl: MLflow store %s: the direct metric writer does not write what MLflow %s writes (%s); "
-                     "MLflow writes the metrics (slower)", self.path, _mlflow_version(), diff)
+        _log.warning(
+            "otel-rl: MLflow store %s: the direct metric writer does not write what MLflow %s writes (%s); "
+            "MLflow writes the metrics (slower)",
+            self.path,
+            _mlflow_version(),
+            diff,
+        )
 
     def _compare(self, run_id: str, rows: list[tuple], before: dict[str, tuple], counts: dict[str, int]) -> str | None:
         points, latest = self._stored(run_id, rows)
@@ -273,4 +288,3 @@ def _as_row(d: dict, columns: Sequence[str]) -> tuple:
             v = float(v)
         out.append(v)
     return tuple(out)
-

@@ -54,8 +54,9 @@ def template_path() -> str | None:
 
     versions = os.path.join(os.path.dirname(mlflow.__file__), "store", "db_migrations", "versions")
     revisions = sorted(n for n in os.listdir(versions) if n.endswith(".py"))
-    key = "\n".join([mlflow.__version__, sqlalchemy.__version__, alembic.__version__, sqlite3.sqlite_version,
-                     *revisions])
+    key = "\n".join(
+        [mlflow.__version__, sqlalchemy.__version__, alembic.__version__, sqlite3.sqlite_version, *revisions]
+    )
     return os.path.join(directory, f"store-{mlflow.__version__}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.db")
 
 

@@ -46,8 +46,8 @@ from typing import Any
 
 from otel_rl import semconv as sc
 
-from . import switched_on
 from .. import _traces
+from . import switched_on
 
 _log = logging.getLogger("otel_rl")
 
@@ -77,7 +77,12 @@ class Rows:
 
     def __init__(self) -> None:
         self.tables: dict[str, list[dict[str, Any]]] = {
-            "trace_info": [], "trace_tags": [], "trace_request_metadata": [], "spans": [], "entity_associations": []}
+            "trace_info": [],
+            "trace_tags": [],
+            "trace_request_metadata": [],
+            "spans": [],
+            "entity_associations": [],
+        }
 
     def extend(self, other: Rows) -> None:
         for table, rows in other.tables.items():
@@ -166,13 +171,34 @@ class BulkTraceWriter(SqliteWriter):
                 return None
             if m.rollups_enabled():
                 return None  # log_spans also queues rollup rebuilds: left to MLflow
-            helpers = {name: getattr(m, name) for name in (
-                "translate_span_when_storing", "TraceJSONEncoder", "_span_aggregation_node",
-                "aggregate_usage_from_span_nodes", "aggregate_cost_from_span_nodes", "validate_session_id",
-                "_try_parse_json_string", "bounded_model_dimension", "finite_float_or_none", "token_count_or_none",
-                "TOKEN_COLUMN_BY_KEY", "COST_COLUMN_BY_KEY", "_validate_trace_tag", "validate_trace_name",
-                "append_to_uri_path", "SpanAttributeKey", "GenAiSemconvKey", "TraceTagKey", "TraceMetadataKey",
-                "SpansLocation", "TraceState", "MLFLOW_ARTIFACT_LOCATION", "SqlTraceInfo")}
+            helpers = {
+                name: getattr(m, name)
+                for name in (
+                    "translate_span_when_storing",
+                    "TraceJSONEncoder",
+                    "_span_aggregation_node",
+                    "aggregate_usage_from_span_nodes",
+                    "aggregate_cost_from_span_nodes",
+                    "validate_session_id",
+                    "_try_parse_json_string",
+                    "bounded_model_dimension",
+                    "finite_float_or_none",
+                    "token_count_or_none",
+                    "TOKEN_COLUMN_BY_KEY",
+                    "COST_COLUMN_BY_KEY",
+                    "_validate_trace_tag",
+                    "validate_trace_name",
+                    "append_to_uri_path",
+                    "SpanAttributeKey",
+                    "GenAiSemconvKey",
+                    "TraceTagKey",
+                    "TraceMetadataKey",
+                    "SpansLocation",
+                    "TraceState",
+                    "MLFLOW_ARTIFACT_LOCATION",
+                    "SqlTraceInfo",
+                )
+            }
             if not callable(getattr(store, "_update_trace_info_attributes", None)):
                 return None
             from mlflow.entities.entity_type import EntityAssociationType
@@ -189,8 +215,14 @@ class BulkTraceWriter(SqliteWriter):
         return cls(store, db, helpers)
 
     # -- the entry point -------------------------------------------------------------------
-    def log(self, experiment_id: str, run_id: str, traces: Sequence[tuple[str, list[Any]]],
-            mlflow_write: Callable[[list[Any], list[str]], None], max_per_call: int = 100) -> None:
+    def log(
+        self,
+        experiment_id: str,
+        run_id: str,
+        traces: Sequence[tuple[str, list[Any]]],
+        mlflow_write: Callable[[list[Any], list[str]], None],
+        max_per_call: int = 100,
+    ) -> None:
         """Store `traces` ((MLflow trace id, its spans as `otel_rl_mlflow._traces.RowSpan`s) each) of one
         experiment, linked to `run_id`.
         `mlflow_write(spans, trace_ids)` is MLflow's own way (log_spans + link_traces_to_run), called
@@ -239,7 +271,7 @@ class BulkTraceWriter(SqliteWriter):
                     first[item[2]] = item
             probes = list(first.values())
             for i in range(0, len(probes), step):
-                part = probes[i:i + step]
+                part = probes[i : i + step]
                 self._by_mlflow([(tid, spans) for tid, spans, _ in part], mlflow_write)
                 self._verify(experiment_id, run_id, part)
             direct: list[tuple[str, list[Any]]] = []
@@ -249,7 +281,7 @@ class BulkTraceWriter(SqliteWriter):
                 self._write(self._rows(experiment_id, run_id, direct))
                 self.fast_traces += len(direct)
         for i in range(0, len(slow), step):
-            self._by_mlflow(slow[i:i + step], mlflow_write)
+            self._by_mlflow(slow[i : i + step], mlflow_write)
 
     def prepare(self, experiment_id: str, run_id: str, traces: Sequence[tuple[str, list[Any]]]) -> None:
         """Compute the rows of `traces` (as `log` takes them) ahead of their delivery: `log` then only
@@ -264,8 +296,9 @@ class BulkTraceWriter(SqliteWriter):
                 continue
             self._ahead[tid] = (experiment_id, run_id, self._rows(experiment_id, run_id, [(tid, spans)]))
 
-    def _by_mlflow(self, traces: Sequence[tuple[str, list[Any]]],
-                   mlflow_write: Callable[[list[Any], list[str]], None]) -> None:
+    def _by_mlflow(
+        self, traces: Sequence[tuple[str, list[Any]]], mlflow_write: Callable[[list[Any], list[str]], None]
+    ) -> None:
         mlflow_write([s.mlflow() for _, spans in traces for s in spans], [tid for tid, _ in traces])
         self.mlflow_traces += len(traces)
 
@@ -294,8 +327,9 @@ class BulkTraceWriter(SqliteWriter):
             ends = [s.end_ns for s in spans if s.end_ns is not None]
             max_end_ms = max(ends) // 1_000_000 if ends else None
             root = next((s for s in spans if s.parent_span_id is None), None)  # as MLflow reads the status
-            root_status = None if root is None else (state.ERROR.value if root.status_code == "ERROR"
-                                                     else state.OK.value)
+            root_status = (
+                None if root is None else (state.ERROR.value if root.status_code == "ERROR" else state.OK.value)
+            )
             usage_nodes, cost_nodes = [], []
             session_id = user_id = root_dict = None
             user_tags: dict[str, str] = {}
@@ -318,8 +352,9 @@ class BulkTraceWriter(SqliteWriter):
                 cost_nodes.append(node(sid, pid, attrs, key.LLM_COST))
                 span_cost = None
                 if attrs:
-                    if session_id is None and (sess := (attrs.get(key.SESSION_ID)
-                                                        or attrs.get(h["GenAiSemconvKey"].CONVERSATION_ID))):
+                    if session_id is None and (
+                        sess := (attrs.get(key.SESSION_ID) or attrs.get(h["GenAiSemconvKey"].CONVERSATION_ID))
+                    ):
                         session_id = h["validate_session_id"](parse(sess))
                     if user_id is None and (uid := attrs.get("user.id")):
                         user_id = parse(uid)
@@ -330,21 +365,30 @@ class BulkTraceWriter(SqliteWriter):
                         costs = json.loads(span_cost)
                     except (TypeError, ValueError):
                         costs = {}
-                out.tables["spans"].append({
-                    "trace_id": tid, "experiment_id": exp_int, "span_id": sid,
-                    "parent_span_id": pid, "name": d["name"], "type": stype, "status": status,
-                    "start_time_unix_nano": d["start_time_unix_nano"], "end_time_unix_nano": d["end_time_unix_nano"],
-                    "content": content,
-                    "input_cost": finite(costs.get("input_cost")), "output_cost": finite(costs.get("output_cost")),
-                    "total_cost": finite(costs.get("total_cost")),
-                    "model_name": bounded(text_of(attrs.get(key.MODEL))),
-                    "model_provider": bounded(text_of(attrs.get(key.MODEL_PROVIDER))),
-                })
+                out.tables["spans"].append(
+                    {
+                        "trace_id": tid,
+                        "experiment_id": exp_int,
+                        "span_id": sid,
+                        "parent_span_id": pid,
+                        "name": d["name"],
+                        "type": stype,
+                        "status": status,
+                        "start_time_unix_nano": d["start_time_unix_nano"],
+                        "end_time_unix_nano": d["end_time_unix_nano"],
+                        "content": content,
+                        "input_cost": finite(costs.get("input_cost")),
+                        "output_cost": finite(costs.get("output_cost")),
+                        "total_cost": finite(costs.get("total_cost")),
+                        "model_name": bounded(text_of(attrs.get(key.MODEL))),
+                        "model_provider": bounded(text_of(attrs.get(key.MODEL_PROVIDER))),
+                    }
+                )
                 if pid is None:
                     root_dict = d
                     for k, v in attrs.items():
                         if k.startswith(prefix):
-                            tk, tv = k[len(prefix):], str(text_of(v))
+                            tk, tv = k[len(prefix) :], str(text_of(v))
                             try:
                                 tk, tv = validate_tag(tk, tv)
                             except Exception:
@@ -354,10 +398,16 @@ class BulkTraceWriter(SqliteWriter):
                             user_tags[tk] = tv
             status = root_status or h["TraceState"].IN_PROGRESS.value
             info: dict[str, Any] = {
-                "request_id": tid, "experiment_id": exp_int, "timestamp_ms": min_start_ms,
+                "request_id": tid,
+                "experiment_id": exp_int,
+                "timestamp_ms": min_start_ms,
                 "execution_time_ms": (max_end_ms - min_start_ms) if max_end_ms else None,
-                "status": status, "client_request_id": None, "request_preview": None, "response_preview": None,
-                "db_payload_generation": h["generation"], "trace_name": user_tags.get(tag_key.TRACE_NAME),
+                "status": status,
+                "client_request_id": None,
+                "request_preview": None,
+                "response_preview": None,
+                "db_payload_generation": h["generation"],
+                "trace_name": user_tags.get(tag_key.TRACE_NAME),
                 "session_id": session_id,
             }
             for column in h["TOKEN_COLUMN_BY_KEY"].values():
@@ -376,8 +426,10 @@ class BulkTraceWriter(SqliteWriter):
                 if cost and (v := finite(cost.get(k))) is not None:
                     info[column] = v
             out.tables["trace_info"].append(info)
-            tags = {h["MLFLOW_ARTIFACT_LOCATION"]: artifact_location(tid),
-                    tag_key.SPANS_LOCATION: h["SpansLocation"].TRACKING_STORE.value}
+            tags = {
+                h["MLFLOW_ARTIFACT_LOCATION"]: artifact_location(tid),
+                tag_key.SPANS_LOCATION: h["SpansLocation"].TRACKING_STORE.value,
+            }
             # (log_spans also stores the OTel resource attributes of the spans as tags: the exporter's
             # MLflow spans have none, see otel_rl_mlflow._traces.SpanBuilder)
             for k, v in user_tags.items():
@@ -386,11 +438,19 @@ class BulkTraceWriter(SqliteWriter):
             out.tables["trace_tags"].extend({"key": k, "value": v, "request_id": tid} for k, v in tags.items())
             if user_id:
                 out.tables["trace_request_metadata"].append(
-                    {"key": h["TraceMetadataKey"].TRACE_USER, "value": user_id, "request_id": tid})
+                    {"key": h["TraceMetadataKey"].TRACE_USER, "value": user_id, "request_id": tid}
+                )
             et = h["EntityAssociationType"]
-            out.tables["entity_associations"].append({
-                "association_id": uuid.uuid4().hex, "source_type": et.TRACE, "source_id": tid,
-                "destination_type": et.RUN, "destination_id": run_id, "created_time": now})
+            out.tables["entity_associations"].append(
+                {
+                    "association_id": uuid.uuid4().hex,
+                    "source_type": et.TRACE,
+                    "source_id": tid,
+                    "destination_type": et.RUN,
+                    "destination_id": run_id,
+                    "created_time": now,
+                }
+            )
         return out
 
     def _trace_artifact_location(self, experiment_id: str) -> Callable[[str], str]:
@@ -507,7 +567,7 @@ class BulkTraceWriter(SqliteWriter):
             con = self._connection()
             found: set[str] = set()
             for i in range(0, len(trace_ids), 500):
-                part = trace_ids[i:i + 500]
+                part = trace_ids[i : i + 500]
                 q = f"SELECT request_id FROM trace_info WHERE request_id IN ({','.join('?' * len(part))})"
                 found.update(r[0] for r in con.execute(q, part))
             return found
@@ -522,8 +582,7 @@ class BulkTraceWriter(SqliteWriter):
                     if not items:
                         continue
                     cols = list(items[0])
-                    sql = (f"INSERT INTO {table} ({', '.join(cols)}) "
-                           f"VALUES ({', '.join(':' + c for c in cols)})")
+                    sql = f"INSERT INTO {table} ({', '.join(cols)}) VALUES ({', '.join(':' + c for c in cols)})"
                     con.executemany(sql, items)
             except BaseException:
                 con.execute("ROLLBACK")
@@ -572,8 +631,14 @@ class BulkTraceWriter(SqliteWriter):
             return
         self.state = "off"
         self.mismatch = diff
-        _log.warning("otel-rl: MLflow store %s: the direct trace writer does not write what MLflow %s writes (%s); "
-                     "MLflow writes the traces (slower)", self.path, _mlflow_version(), diff)
+        _log.warning(
+            "otel-rl: MLflow store %s: the direct trace writer does not write what MLflow %s writes (%s); "
+            "MLflow writes the traces (slower)",
+            self.path,
+            _mlflow_version(),
+            diff,
+        )
+
 
 def compare(expected: Rows, stored: dict[str, list[dict[str, Any]]]) -> str | None:
     """None when `stored` holds exactly the rows of `expected` (volatile columns aside); else what differs."""
@@ -589,7 +654,7 @@ def compare(expected: Rows, stored: dict[str, list[dict[str, Any]]]) -> str | No
             if any(r.get(c) is not None for r in have):
                 return f"{table}.{c} is set by MLflow"
 
-        def key(r: dict[str, Any]) -> tuple:
+        def key(r: dict[str, Any], cols: list[str] = cols) -> tuple:
             return tuple(repr(r.get(c)) for c in cols)
 
         a = sorted(key(r) for r in want)
@@ -597,8 +662,10 @@ def compare(expected: Rows, stored: dict[str, list[dict[str, Any]]]) -> str | No
         if a != b:
             missing = [dict(zip(cols, k)) for k in a if k not in b][:1]
             unexpected = [dict(zip(cols, k)) for k in b if k not in a][:1]
-            return f"{table}: {len(want)} rows computed, {len(have)} stored; first differing computed " \
-                   f"{_short(missing)}, stored {_short(unexpected)}"
+            return (
+                f"{table}: {len(want)} rows computed, {len(have)} stored; first differing computed "
+                f"{_short(missing)}, stored {_short(unexpected)}"
+            )
     return None
 
 
@@ -656,13 +723,21 @@ def unpriced_models_remembered(calculate: Callable[..., Any]) -> Callable[..., A
     unpriced: set[str] = set()
 
     def calculate_cost(model_name: Any, usage: Any, model_provider: Any = None) -> Any:
-        memo = (not model_provider and type(model_name) is str and model_name != ""
-                and not model_name.startswith(("databricks-", "databricks/")))
+        memo = (
+            not model_provider
+            and type(model_name) is str
+            and model_name != ""
+            and not model_name.startswith(("databricks-", "databricks/"))
+        )
         if memo and model_name in unpriced:
             return None
         cost = calculate(model_name, usage, model_provider)
-        if cost is None and memo and isinstance(usage, dict) and (usage.get("input_tokens") or
-                                                                  usage.get("output_tokens")):
+        if (
+            cost is None
+            and memo
+            and isinstance(usage, dict)
+            and (usage.get("input_tokens") or usage.get("output_tokens"))
+        ):
             unpriced.add(model_name)
         return cost
 
@@ -701,14 +776,32 @@ _OUTPUTS = _traces.ATTR_OUTPUTS
 _USAGE = _traces.ATTR_TOKEN_USAGE
 _MODEL = _traces.ATTR_MODEL
 #: the attribute keys the exporter writes (otel_rl_mlflow._traces) besides rl.* and mlflow.traceTag.*
-_OWN_KEYS = frozenset({
-    _traces.ATTR_REQUEST_ID, _SPAN_TYPE, _INPUTS, _OUTPUTS, _USAGE, _MODEL,
-    sc.GEN_AI_OPERATION_NAME, sc.GEN_AI_REQUEST_MODEL, sc.GEN_AI_RESPONSE_MODEL, sc.GEN_AI_USAGE_INPUT_TOKENS,
-    sc.GEN_AI_USAGE_OUTPUT_TOKENS, sc.GEN_AI_TOOL_NAME, sc.GEN_AI_TOOL_TYPE, sc.GEN_AI_TOOL_CALL_ID,
-})
+_OWN_KEYS = frozenset(
+    {
+        _traces.ATTR_REQUEST_ID,
+        _SPAN_TYPE,
+        _INPUTS,
+        _OUTPUTS,
+        _USAGE,
+        _MODEL,
+        sc.GEN_AI_OPERATION_NAME,
+        sc.GEN_AI_REQUEST_MODEL,
+        sc.GEN_AI_RESPONSE_MODEL,
+        sc.GEN_AI_USAGE_INPUT_TOKENS,
+        sc.GEN_AI_USAGE_OUTPUT_TOKENS,
+        sc.GEN_AI_TOOL_NAME,
+        sc.GEN_AI_TOOL_TYPE,
+        sc.GEN_AI_TOOL_CALL_ID,
+    }
+)
 #: GenAI attributes whose values (names, not counts or ids) are part of a span's signature
-_NAMED = (sc.GEN_AI_OPERATION_NAME, sc.GEN_AI_REQUEST_MODEL, sc.GEN_AI_RESPONSE_MODEL, sc.GEN_AI_TOOL_NAME,
-          sc.GEN_AI_TOOL_TYPE)
+_NAMED = (
+    sc.GEN_AI_OPERATION_NAME,
+    sc.GEN_AI_REQUEST_MODEL,
+    sc.GEN_AI_RESPONSE_MODEL,
+    sc.GEN_AI_TOOL_NAME,
+    sc.GEN_AI_TOOL_TYPE,
+)
 _b64 = base64.b64encode
 _loads = json.loads
 _plain_dumps = json.JSONEncoder(ensure_ascii=False).encode
@@ -737,8 +830,16 @@ def _shape(spans: Sequence[Any]) -> frozenset:
     parts: dict[tuple, int] = {}
     for s in spans:
         attrs = s.attributes
-        part = (s.name, s.parent_span_id is None, attrs.get(_SPAN_TYPE), s.status_code, frozenset(attrs),
-                tuple(e[0] for e in s.events), attrs.get(_MODEL), attrs.get("mlflow.llm.provider"))
+        part = (
+            s.name,
+            s.parent_span_id is None,
+            attrs.get(_SPAN_TYPE),
+            s.status_code,
+            frozenset(attrs),
+            tuple(e[0] for e in s.events),
+            attrs.get(_MODEL),
+            attrs.get("mlflow.llm.provider"),
+        )
         parts[part] = parts.get(part, 0) + 1
     return frozenset(parts.items())
 
