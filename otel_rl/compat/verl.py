@@ -46,7 +46,7 @@ from typing import Any, Optional
 
 from .._handle import Handle, current, init
 from .._values import warn_once
-from ..config import _get_path, _to_plain
+from ..dotlist import get_path, to_plain
 from ..exporters.registry import UnknownExporterError
 from ..instrument import TrajectoryState, op, trajectory
 
@@ -95,8 +95,8 @@ def _join_or_init(
     except UnknownExporterError:
         # a rollout-trace backend from the config that otel-rl cannot serve (verl's trackio, a typo)
         # must not stop the metrics: verl itself would just not trace
-        plain = _to_plain(config) if config is not None else {}
-        found, backend = _get_path(plain if isinstance(plain, dict) else {}, "actor_rollout_ref.rollout.trace.backend")
+        plain = to_plain(config) if config is not None else {}
+        found, backend = get_path(plain if isinstance(plain, dict) else {}, "actor_rollout_ref.rollout.trace.backend")
         if not found or not backend or backend in (exporters or ()) or "trace_backend" in settings:
             raise
         warn_once(
