@@ -6,13 +6,11 @@ import atexit
 import logging
 import os
 import re
-import sys
 import threading
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from opentelemetry import trace as trace_api
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
@@ -20,11 +18,18 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from . import _exit, _runtime
 from . import semconv as sc
+from ._assemble import build_exporters, end_exporter
 from ._instruments import Instruments, views
 from ._items import GenerationsItem, LogItem
 from ._lightspan import LightTracer, TimeOrderedIds
 from ._pipeline import Pipeline, make_span_processor
-from ._processors import OtherProcessors, OwnProvider, global_sdk_providers
+from ._processors import (
+    OtherProcessors,
+    OwnProvider,
+    _forwarding,  # noqa: F401 - the global provider otel-rl installs (tests compare against it)
+    global_sdk_providers,
+    maybe_set_global,
+)
 from ._runtime import STEP, Runtime
 from ._values import coerce_metrics, warn_once
 from .config import Config, resolve
@@ -462,7 +467,7 @@ class Handle:
         # each exporter flushes and ends its run on its own thread, all within what is left of the budget:
         # a tracker whose server is down or hung costs the budget, not its own timeouts one after another
         threads = [
-            threading.Thread(target=_end_exporter, args=(e, deadline), name=f"otel-rl-end-{e.name}", daemon=True)
+            threading.Thread(target=end_exporter, args=(e, deadline), name=f"otel-rl-end-{e.name}", daemon=True)
             for e in local
         ]
         for t in threads:
@@ -507,92 +512,6 @@ class Handle:
         self._shutdown(None, _exit.outcome_of(et, ev, tb) or _exit.outcome())
 
 
-def _end_exporter(e: Any, deadline: float) -> None:
-    try:
-        e.flush(max(0.1, deadline - time.monotonic()))
-    except Exception:
-        pass
-    try:
-        e.shutdown()
-    except Exception as exc:
-        warn_once(f"shutdown:{e.name}", "otel-rl: exporter %r shutdown failed: %s", e.name, exc)
-
-
-def _build_exporters(cfg: Config, given: Sequence[Exporter]) -> list[Any]:
-    """The exporters in order: instances, and ``("remote", name, class, wants_trajectories)`` for the
-    ones that run in the export process (``export_process``)."""
-    if cfg.disabled:
-        return []
-    out: list[Any] = []
-    mode = "false" if os.environ.get(_IN_EXPORT_PROCESS) == "1" else str(cfg.export_process).lower()
-    seen = set()
-    for name in cfg.exporter_names():
-        canonical = "wandb" if name == "tracking" else name
-        if name == "tracking":
-            warn_once("tracking-deprecated", "otel-rl: the 'tracking' logger is deprecated; use 'wandb'")
-        if canonical in seen:
-            continue
-        seen.add(canonical)
-        if name == cfg.trace_backend and name not in cfg.exporters:
-            # a rollout-trace backend otel-rl cannot serve (verl's trackio, a typo, a library not
-            # installed) must not stop the metrics: warned, and rollouts are not traced
-            try:
-                registry.out_of_process_class(canonical)
-            except registry.UnknownExporterError as exc:
-                warn_once(
-                    f"trace-backend:{name}",
-                    "otel-rl: rollout trace backend %r cannot be used (%s); training goes on without rollout traces",
-                    name,
-                    exc,
-                )
-                cfg.trace_backend = None
-                continue
-        cls = registry.out_of_process_class(canonical) if mode != "false" else None
-        if cls is not None and mode == "auto":
-            # auto: out of process unless the training process already uses the tracker's library
-            # itself (wandb.log on the run, mlflow.set_tracking_uri, weave.init ...): then its run
-            # and settings live here, and so does the exporter
-            module = registry.REQUIRES.get(canonical)
-            if module is None or module in sys.modules or not cls.export_process_auto:
-                cls = None
-        if cls is not None:
-            out.append(("remote", canonical, cls, cls.routing(cfg)))
-        else:
-            out.append(registry.create(canonical, cfg))
-    for e in given:
-        if not e.name:
-            e.name = type(e).__name__
-        out.append(e)
-    return out
-
-
-class _ForwardingTracerProvider(trace_api.TracerProvider):
-    """Installed as the global provider (once): forwards to the current handle's provider."""
-
-    def get_tracer(self, *args: Any, **kwargs: Any) -> trace_api.Tracer:
-        h = _runtime.active.handle
-        if h is None:
-            return trace_api.NoOpTracer()
-        return h.tracer_provider.get_tracer(*args, **kwargs)
-
-
-_forwarding = _ForwardingTracerProvider()
-
-
-def _maybe_set_global(cfg: Config) -> None:
-    current = trace_api.get_tracer_provider()
-    if current is _forwarding:
-        return
-    if isinstance(current, trace_api.ProxyTracerProvider) or cfg.set_global_provider:
-        if not isinstance(current, trace_api.ProxyTracerProvider):
-            _log.warning(
-                "otel-rl: a global TracerProvider is already set; otel-rl keeps its own provider "
-                "(and feeds the global one's span processors unless feed_global_provider=false)"
-            )
-            return
-        trace_api.set_tracer_provider(_forwarding)
-
-
 #: captures (`otel_rl.testing.CaptureExporter`) that every pipeline started joins: the test kit's fixture
 joining: list[Any] = []
 
@@ -631,7 +550,7 @@ def init(
     global_providers = (
         global_sdk_providers(registry.REQUIRES.values()) if os.environ.get(_IN_EXPORT_PROCESS) != "1" else (None, None)
     )
-    built = _build_exporters(cfg, given)  # raises for unknown names before anything starts
+    built = build_exporters(cfg, given)  # raises for unknown names before anything starts
     with _init_lock:
         previous = _runtime.active.handle
         if previous is not None:
@@ -650,7 +569,7 @@ def init(
         if not cfg.disabled and os.environ.get(_IN_EXPORT_PROCESS) != "1":
             _exit.install(_shutdown_current, cfg.handle_sigterm)
     if not cfg.disabled:
-        _maybe_set_global(cfg)
+        maybe_set_global(cfg)
     return handle
 
 

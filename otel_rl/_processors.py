@@ -19,13 +19,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import metrics as metrics_api
 from opentelemetry import trace as trace_api
 from opentelemetry.sdk.metrics import MeterProvider as SdkMeterProvider
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
+
+from . import _runtime
+
+if TYPE_CHECKING:
+    from .config import Config
 
 _log = logging.getLogger("otel_rl")
 
@@ -130,3 +135,30 @@ class OwnProvider(SdkTracerProvider):
     def add_span_processor(self, span_processor: SpanProcessor) -> None:
         self.others.add(span_processor)
         self._on_added()
+
+
+class _ForwardingTracerProvider(trace_api.TracerProvider):
+    """Installed as the global provider (once): forwards to the current handle's provider."""
+
+    def get_tracer(self, *args: Any, **kwargs: Any) -> trace_api.Tracer:
+        h = _runtime.active.handle
+        if h is None:
+            return trace_api.NoOpTracer()
+        return h.tracer_provider.get_tracer(*args, **kwargs)
+
+
+_forwarding = _ForwardingTracerProvider()
+
+
+def maybe_set_global(cfg: Config) -> None:
+    current = trace_api.get_tracer_provider()
+    if current is _forwarding:
+        return
+    if isinstance(current, trace_api.ProxyTracerProvider) or cfg.set_global_provider:
+        if not isinstance(current, trace_api.ProxyTracerProvider):
+            _log.warning(
+                "otel-rl: a global TracerProvider is already set; otel-rl keeps its own provider "
+                "(and feeds the global one's span processors unless feed_global_provider=false)"
+            )
+            return
+        trace_api.set_tracer_provider(_forwarding)
