@@ -34,18 +34,21 @@ def server_env() -> dict[str, str]:
 
 
 class MlflowServer:
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, workers: int = 1, backend: str | None = None, env: dict[str, str] | None = None):
         self.root = root
+        self.workers = workers
+        self.backend = backend or f"sqlite:///{root}/server.db"
+        self.env = {**server_env(), **(env or {})}
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
         self.log = root / "server.log"
 
     def start(self, timeout_s: float = 180.0) -> None:
-        cmd = [str(VENV_BIN / "mlflow"), "server", "--backend-store-uri", f"sqlite:///{self.root}/server.db",
+        cmd = [str(VENV_BIN / "mlflow"), "server", "--backend-store-uri", self.backend,
                "--artifacts-destination", str(self.root / "artifacts"), "--host", "127.0.0.1",
-               "--port", str(self.port), "--workers", "1"]
-        self.proc = subprocess.Popen(cmd, cwd=self.root, env=server_env(), stdout=open(self.log, "ab"),
+               "--port", str(self.port), "--workers", str(self.workers)]
+        self.proc = subprocess.Popen(cmd, cwd=self.root, env=self.env, stdout=open(self.log, "ab"),
                                      stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

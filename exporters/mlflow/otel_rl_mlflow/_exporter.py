@@ -38,7 +38,7 @@ from typing import Any
 from otel_rl import semconv as sc
 from otel_rl.exporters.packages import hidden_imports
 from otel_rl.exporters.tracker import TrackerExporter, flatten_config
-from otel_rl.records import Generations, RunIdentity, RunStart, StepMetrics, Trajectory
+from otel_rl.records import Generations, RunIdentity, RunStart, StepMetrics
 
 from . import _traces
 from ._context import run_context_tags
@@ -57,12 +57,11 @@ from ._run import (
     INF_STEPS_KEPT,
     LOGGED_ARTIFACTS_TAG,
     MlflowRun,
-    clear_server_version_cache,
     data_errors,
     resolve_tracking_uri,
 )
+from ._trajectories import TrajectoryWriting
 from .direct import metrics as direct_metrics
-from .direct import traces as direct_traces
 from .direct.store import create_sqlite_store
 
 _log = logging.getLogger("otel_rl")
@@ -78,21 +77,10 @@ GENERATIONS_COLUMNS = ["step", "input", "output", "score"]
 MAX_METRICS_PER_BATCH = 1000  # MLflow MAX_METRICS_PER_BATCH
 MAX_ENTITIES_PER_BATCH = 1000  # MLflow MAX_ENTITIES_PER_BATCH (metrics + params + tags)
 MAX_PARAMS_TAGS_PER_BATCH = 100  # MLflow MAX_PARAMS_TAGS_PER_BATCH
-MAX_TRACES_PER_CALL = 100  # MLflow MAX_TRACE_LINKS_PER_REQUEST; also near the sqlite store's sweet spot
-_AHEAD_SPANS_MAX = 10_000  # trajectories whose spans `prepare` keeps at most (more: never delivered, forgotten)
-MAX_SPANS_PER_CALL = 2000
-MAX_BYTES_PER_CALL = 8 << 20
-# with the direct sqlite writer on (direct.traces): what one transaction may hold; fewer, larger transactions
-# write each index page they touch once instead of once per 100 traces
-MAX_TRACES_PER_TXN = 2000
-MAX_SPANS_PER_TXN = 20000
-MAX_BYTES_PER_TXN = 64 << 20
-CALL_LIMITS = (MAX_TRACES_PER_CALL, MAX_SPANS_PER_CALL, MAX_BYTES_PER_CALL)
-TXN_LIMITS = (MAX_TRACES_PER_TXN, MAX_SPANS_PER_TXN, MAX_BYTES_PER_TXN)
 CLOSE_TIMEOUT_S = 10.0
 
 
-class MlflowExporter(TrackerExporter):
+class MlflowExporter(TrajectoryWriting, TrackerExporter):
     """otel-rl -> MLflow.  Settings come from the environment (see the README)."""
 
     tracker_name = "mlflow"
@@ -127,6 +115,7 @@ class MlflowExporter(TrackerExporter):
         self._log_spans_supported = True
         self._bulk: Any = None  # direct_traces.BulkTraceWriter, False (not applicable), None (not looked at)
         self._bulk_metrics: Any = None  # direct_metrics.BulkMetricWriter, False, None: the same
+        self._remote: Any = None  # _remote.RemoteTraceWriter (a tracking server), False, None: the same
         self._ahead: dict[int, list[Any]] = {}  # trace id -> its spans (`_traces.RowSpan`), built by `prepare`
         self._end_status = "FINISHED"  # how the runs end at shutdown (process_failed: FAILED / KILLED)
         self._leave_open = False  # leave_runs_open(): runs keep the status they have (a replay)
@@ -334,6 +323,8 @@ class MlflowExporter(TrackerExporter):
             self._bulk.close()
         if self._bulk_metrics:
             self._bulk_metrics.close()
+        if self._remote:
+            self._remote.close()
         if not runs or self._client is None:
             return
 
@@ -499,154 +490,3 @@ class MlflowExporter(TrackerExporter):
             return
         client.set_tag(handle.run_id, LOGGED_ARTIFACTS_TAG, text)
         handle.tables = tables
-
-    # -- traces ----------------------------------------------------------------------------
-    def write_trajectories(self, handle: MlflowRun, trajectories: list[Trajectory]) -> None:
-        with data_errors():
-            self._write_trajectories(handle, trajectories)
-
-    def _write_trajectories(self, handle: MlflowRun, trajectories: list[Trajectory]) -> None:
-        client, tracing = self._clients()
-        if self._spans is None:
-            self._spans = _traces.SpanBuilder()
-        key = self._progress_key("traces", trajectories)
-        done = self._progress.get(key, 0)
-        # a retry cuts the batch as the failed attempt did (its `done` counts those chunks), even if the
-        # direct writer has been turned on since
-        limits = self._chunking.get(key)
-        if limits is None:
-            bulk = self._bulk_writer(tracing) if self._log_spans_supported else None
-            limits = TXN_LIMITS if bulk is not None and bulk.state == "on" else CALL_LIMITS
-        calls = _traces.chunks(trajectories, *limits)
-        for j in range(done, len(calls)):
-            try:
-                self._log_traces(client, tracing, handle, calls[j])
-            except Exception:
-                self._progress[key] = j
-                self._chunking[key] = limits
-                raise
-        self._progress.pop(key, None)
-        self._chunking.pop(key, None)
-
-    def prepare(self, records: Sequence[Any]) -> None:
-        """While its queue gathers a delivery: the MLflow spans of its trajectories and the direct
-        writer's rows for them, computed ahead, so that the delivery (and a flush at the end of a run)
-        only writes them.  Only for runs already open and the direct writer on; never raises."""
-        try:
-            bulk = self._bulk or None
-            if bulk is None or bulk.state != "on" or self._spans is None:
-                return
-            by_run: dict[Any, list[Trajectory]] = {}
-            for r in records:
-                if isinstance(r, Trajectory) and r.trace_id not in self._ahead:
-                    by_run.setdefault(r.run, []).append(r)
-            for ident, trajs in by_run.items():
-                handle = self.runs.get(ident)
-                if handle is None:
-                    continue
-                groups = [self._spans.spans(t) for t in trajs]
-                for t, g in zip(trajs, groups):
-                    self._ahead[t.trace_id] = g
-                bulk.prepare(
-                    handle.experiment_id,
-                    handle.run_id,
-                    [(_traces.mlflow_trace_id(t.trace_id), g) for t, g in zip(trajs, groups)],
-                )
-            if len(self._ahead) > _AHEAD_SPANS_MAX:
-                self._ahead.clear()
-        except Exception:  # the delivery does the work then
-            _log.debug("otel-rl: MLflow exporter: preparing a delivery failed", exc_info=True)
-
-    def _log_traces(self, client: Any, tracing: Any, handle: MlflowRun, trajs: list[Trajectory]) -> None:
-        builder = self._spans
-        ahead = self._ahead
-        groups = [ahead.pop(t.trace_id, None) or builder.spans(t) for t in trajs]
-        ids = [_traces.mlflow_trace_id(t.trace_id) for t in trajs]
-        if self._log_spans_supported:
-            bulk = self._bulk_writer(tracing)
-            if bulk is not None:
-                bulk.log(
-                    handle.experiment_id,
-                    handle.run_id,
-                    list(zip(ids, groups)),
-                    lambda spans, tids: self._log_spans(client, tracing, handle, spans, tids, trajs),
-                    max_per_call=MAX_TRACES_PER_CALL,
-                )
-                return
-        self._log_spans(client, tracing, handle, [s.mlflow() for g in groups for s in g], ids, trajs)
-
-    def _bulk_writer(self, tracing: Any) -> Any:
-        """The direct sqlite trace writer for this store (`direct.traces`), or None."""
-        if self._bulk is False:
-            return None
-        if self._bulk is None:
-            try:
-                self._bulk = direct_traces.BulkTraceWriter.for_store(tracing.store) or False
-            except Exception:
-                self._bulk = False
-        return self._bulk or None
-
-    def _log_spans(
-        self, client: Any, tracing: Any, handle: MlflowRun, spans: list[Any], ids: list[str], trajs: list[Trajectory]
-    ) -> None:
-        """MLflow's own way: log_spans + link_traces_to_run (one trace at a time where unsupported)."""
-        if self._log_spans_supported:
-            try:
-                tracing.log_spans(handle.experiment_id, spans)
-            except NotImplementedError as exc:
-                if "could not identify MLflow server version" in str(exc):
-                    # the version probe failed (server down) and MLflow caches that answer: forget it, retry
-                    clear_server_version_cache()
-                    raise RuntimeError(f"MLflow server unreachable: {exc}") from exc
-                self._log_spans_supported = False
-                self._warn_once(
-                    "no-log-spans",
-                    "otel-rl: the MLflow store at %s cannot ingest spans in batches (%s); logging one trace at a time",
-                    self.tracking_uri,
-                    exc,
-                )
-            else:
-                client.link_traces_to_run(ids, handle.run_id)
-                return
-        wanted = set(ids)
-        self._log_traces_one_by_one(
-            tracing, handle, [t for t in trajs if _traces.mlflow_trace_id(t.trace_id) in wanted], spans
-        )
-
-    def _log_traces_one_by_one(
-        self, tracing: Any, handle: MlflowRun, trajs: list[Trajectory], spans: list[Any]
-    ) -> None:
-        """Stores without span ingestion (file store, servers < 3.4): trace info + span data artifact."""
-        from mlflow.entities import TraceData, TraceInfo, TraceLocation, TraceState
-
-        by_trace: dict[str, list[Any]] = {}
-        for s in spans:
-            by_trace.setdefault(s.trace_id, []).append(s)
-        roots = {s.trace_id: s for s in spans if s.parent_id is None}
-        for t in trajs:
-            tid = _traces.mlflow_trace_id(t.trace_id)
-            tspans = by_trace.get(tid, [])
-            root = t.root
-            start_ms = root.start_ns // 1_000_000
-            end_ms = max((n.end_ns for n in root.walk()), default=root.end_ns) // 1_000_000
-            state = TraceState.ERROR if root.status == "ERROR" else TraceState.OK
-            metadata = {"mlflow.sourceRun": handle.run_id, "mlflow.trace_schema.version": "3"}
-            tin = sum(int(n.attributes.get(sc.GEN_AI_USAGE_INPUT_TOKENS) or 0) for n in root.walk())
-            tout = sum(int(n.attributes.get(sc.GEN_AI_USAGE_OUTPUT_TOKENS) or 0) for n in root.walk())
-            if tin or tout:
-                metadata["mlflow.trace.tokenUsage"] = json.dumps(
-                    {"input_tokens": tin, "output_tokens": tout, "total_tokens": tin + tout}
-                )
-            info = TraceInfo(
-                trace_id=tid,
-                trace_location=TraceLocation.from_experiment_id(handle.experiment_id),
-                request_time=start_ms,
-                state=state,
-                execution_duration=max(0, end_ms - start_ms),
-                request_preview=_traces.preview(roots.get(tid), _traces.ATTR_INPUTS, "user"),
-                response_preview=_traces.preview(roots.get(tid), _traces.ATTR_OUTPUTS, "assistant"),
-                trace_metadata=metadata,
-                tags=_traces.trace_tags(t),
-            )
-            returned = tracing.start_trace(info)
-            tracing._upload_trace_data(returned, TraceData(spans=tspans))

@@ -305,3 +305,41 @@ def preview(root: Any, key: str, role: str) -> str | None:
         return _get_truncated_preview(text, role=role)
     except Exception:  # an MLflow without it: the JSON text, cut as MLflow cuts it
         return text if len(text) <= 1000 else text[:997] + "..."
+
+
+def log_one_by_one(tracing: Any, experiment_id: str, run_id: str, trajs: list[Trajectory], spans: list[Any]) -> None:
+    """Stores without span ingestion (file store, servers < 3.4, a server whose backend has none): per
+    trace, its info (``mlflow.sourceRun`` metadata, token usage, previews, tags) + its span data artifact."""
+    from mlflow.entities import TraceData, TraceInfo, TraceLocation, TraceState
+
+    by_trace: dict[str, list[Any]] = {}
+    for s in spans:
+        by_trace.setdefault(s.trace_id, []).append(s)
+    roots = {s.trace_id: s for s in spans if s.parent_id is None}
+    for t in trajs:
+        tid = mlflow_trace_id(t.trace_id)
+        tspans = by_trace.get(tid, [])
+        root = t.root
+        start_ms = root.start_ns // 1_000_000
+        end_ms = max((n.end_ns for n in root.walk()), default=root.end_ns) // 1_000_000
+        state = TraceState.ERROR if root.status == "ERROR" else TraceState.OK
+        metadata = {"mlflow.sourceRun": run_id, "mlflow.trace_schema.version": "3"}
+        tin = sum(int(n.attributes.get(sc.GEN_AI_USAGE_INPUT_TOKENS) or 0) for n in root.walk())
+        tout = sum(int(n.attributes.get(sc.GEN_AI_USAGE_OUTPUT_TOKENS) or 0) for n in root.walk())
+        if tin or tout:
+            metadata["mlflow.trace.tokenUsage"] = json.dumps(
+                {"input_tokens": tin, "output_tokens": tout, "total_tokens": tin + tout}
+            )
+        info = TraceInfo(
+            trace_id=tid,
+            trace_location=TraceLocation.from_experiment_id(experiment_id),
+            request_time=start_ms,
+            state=state,
+            execution_duration=max(0, end_ms - start_ms),
+            request_preview=preview(roots.get(tid), ATTR_INPUTS, "user"),
+            response_preview=preview(roots.get(tid), ATTR_OUTPUTS, "assistant"),
+            trace_metadata=metadata,
+            tags=trace_tags(t),
+        )
+        returned = tracing.start_trace(info)
+        tracing._upload_trace_data(returned, TraceData(spans=tspans))
