@@ -28,7 +28,7 @@ import base64
 import binascii
 import json
 from collections.abc import Iterable
-from operator import attrgetter
+from operator import attrgetter, methodcaller
 from typing import Any
 
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
@@ -39,7 +39,7 @@ from opentelemetry.sdk.util import BoundedList
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
-from .validate import resource_problem, span_problem
+from .validate import TYPED, needs_check, resource_problem, span_problem
 
 __all__ = [
     "DecodeError",
@@ -108,12 +108,22 @@ def any_value(v: Any) -> Any:
     return None  # an empty AnyValue
 
 
+_WHICH = methodcaller("WhichOneof", "value")
+
+
 def _array(values: Any) -> tuple:
-    out = []
+    if not values:
+        return ()
+    # arrays are nearly always of one type (log() sends its metrics as arrays of doubles): read them with
+    # C-level loops when every element holds the same scalar
+    whiches = list(map(_WHICH, values))
+    get = _SCALARS.get(whiches[0])  # type: ignore[arg-type]
+    if get is not None and whiches.count(whiches[0]) == len(whiches):
+        return tuple(map(get, values))
+    out: list[Any] = []
     append = out.append
     scalars = _SCALARS
-    for x in values:
-        which = x.WhichOneof("value")
+    for x, which in zip(values, whiches):
         get = scalars.get(which)  # type: ignore[arg-type]
         append(get(x) if get is not None else any_value(x))
     return tuple(out)
@@ -244,11 +254,50 @@ def _is_remote(flags: int) -> bool:
     return bool(flags & FLAGS_HAS_IS_REMOTE and flags & FLAGS_IS_REMOTE)
 
 
+def _span_attributes(kvs: Iterable[Any]) -> tuple[dict[str, Any], bool]:
+    """A span's KeyValue list -> (dict, whether each attribute of `validate.TYPED` has its type)."""
+    out: dict[str, Any] = {}
+    typed_ok = True
+    typed = TYPED
+    for kv in kvs:
+        v = kv.value
+        which = v.WhichOneof("value")
+        # the scalar cases inline: this loop runs for every attribute of every received span
+        if which == "string_value":
+            x = v.string_value
+        elif which == "int_value":
+            x = v.int_value
+        elif which == "double_value":
+            x = v.double_value
+        elif which == "bool_value":
+            x = v.bool_value
+        elif which == "array_value":
+            x = _array(v.array_value.values)
+        else:
+            x = any_value(v)
+        key = kv.key
+        out[key] = x
+        t = typed.get(key)
+        if t is not None and x is not None and type(x) is not t:
+            typed_ok = False  # (`span_problem` then says why, from the final dict: a later value wins)
+    return out, typed_ok
+
+
+_new_tuple = tuple.__new__
+
+
+def _valid_context(trace_id: int, span_id: int, remote: bool, flags: TraceFlags, state: TraceState) -> SpanContext:
+    """A SpanContext whose ids are already checked (16 and 8 bytes, not all zero), so valid: built
+    without SpanContext.__new__'s range checks (it is a tuple; this is the tuple that would make)."""
+    return _new_tuple(SpanContext, (trace_id, span_id, remote, flags, state, True))  # type: ignore[no-any-return]
+
+
 def spans_from_request(req: Any, out: DecodedTraces | None = None, cache: _Cache | None = None) -> DecodedTraces:
     """ExportTraceServiceRequest -> ReadableSpans (in request order)."""
     out = out if out is not None else DecodedTraces()
     cache = cache or _cache
     append = out.spans.append
+    from_bytes = int.from_bytes
     for rs in req.resource_spans:
         resource = cache.resource(rs)
         out.resources.append(resource)
@@ -259,12 +308,17 @@ def spans_from_request(req: Any, out: DecodedTraces | None = None, cache: _Cache
                     out.reject(bad_resource)
                 continue
             scope = cache.scope(ss)
+            last_tid = b""  # the spans of a trace come together: convert its id once
+            trace_id = 0
             for s in ss.spans:
                 tid = s.trace_id
+                if tid != last_tid:
+                    if len(tid) != 16 or tid == _ZERO_TRACE:
+                        out.reject("trace_id must be 16 bytes, not all zero")
+                        continue
+                    last_tid = tid
+                    trace_id = from_bytes(tid, "big")
                 sid = s.span_id
-                if len(tid) != 16 or tid == _ZERO_TRACE:
-                    out.reject("trace_id must be 16 bytes, not all zero")
-                    continue
                 if len(sid) != 8 or sid == _ZERO_SPAN:
                     out.reject("span_id must be 8 bytes, not all zero")
                     continue
@@ -272,32 +326,20 @@ def spans_from_request(req: Any, out: DecodedTraces | None = None, cache: _Cache
                 if psid and (len(psid) != 8 or psid == _ZERO_SPAN):
                     out.reject("parent_span_id must be empty or 8 bytes, not all zero")
                     continue
-                trace_id = int.from_bytes(tid, "big")
                 flags = s.flags
                 trace_flags = _FLAGS[flags & FLAGS_TRACE_FLAGS_MASK]
-                state = _trace_state(s.trace_state)
-                ctx = SpanContext(trace_id, int.from_bytes(sid, "big"), False, trace_flags, state)
+                text = s.trace_state
+                state = _trace_state(text) if text else _EMPTY_STATE
+                ctx = _valid_context(trace_id, from_bytes(sid, "big"), False, trace_flags, state)
                 parent = (
-                    SpanContext(trace_id, int.from_bytes(psid, "big"), _is_remote(flags), trace_flags, state)
+                    _valid_context(trace_id, from_bytes(psid, "big"), _is_remote(flags), trace_flags, state)
                     if psid
                     else None
                 )
                 links: Any = ()
                 if s.links:
-                    links = []
-                    bad = False
-                    for ln in s.links:
-                        lt, ls = ln.trace_id, ln.span_id
-                        if len(lt) != 16 or len(ls) != 8:
-                            bad = True
-                            break
-                        links.append(
-                            Link(
-                                _context(int.from_bytes(lt, "big"), ls, ln.flags, ln.trace_state, _is_remote(ln.flags)),
-                                _with_dropped(attributes(ln.attributes), ln.dropped_attributes_count),
-                            )
-                        )
-                    if bad:
+                    links = _links(s.links)
+                    if links is None:
                         out.reject("link ids must be 16 and 8 bytes")
                         continue
                     links = _bounded(links, s.dropped_links_count)
@@ -318,11 +360,13 @@ def spans_from_request(req: Any, out: DecodedTraces | None = None, cache: _Cache
                     )
                 elif s.dropped_events_count:
                     events = _bounded([], s.dropped_events_count)
-                attrs = attributes(s.attributes)
-                why = span_problem(s.name, attrs, bool(psid))
-                if why:
-                    out.reject(why)
-                    continue
+                attrs, typed_ok = _span_attributes(s.attributes)
+                name = s.name
+                if not typed_ok or needs_check(name, attrs, bool(psid)):
+                    why = span_problem(name, attrs, bool(psid))
+                    if why:
+                        out.reject(why)
+                        continue
                 st = s.status
                 code = st.code
                 if code == 2:
@@ -331,23 +375,41 @@ def spans_from_request(req: Any, out: DecodedTraces | None = None, cache: _Cache
                     status = _OK  # the SDK keeps no description except for ERROR
                 else:
                     status = _UNSET
+                dropped = s.dropped_attributes_count
                 append(
                     ReadableSpan(
-                        name=s.name,
-                        context=ctx,
-                        parent=parent,
-                        resource=resource,
-                        attributes=_with_dropped(attrs, s.dropped_attributes_count),
-                        events=events,
-                        links=links,
-                        kind=_KINDS.get(s.kind, SpanKind.INTERNAL),
-                        status=status,
-                        start_time=s.start_time_unix_nano,
-                        end_time=s.end_time_unix_nano,
-                        instrumentation_scope=scope,
+                        name,
+                        ctx,
+                        parent,
+                        resource,
+                        _with_dropped(attrs, dropped) if dropped else attrs,
+                        events,
+                        links,
+                        _KINDS.get(s.kind, SpanKind.INTERNAL),
+                        None,
+                        status,
+                        s.start_time_unix_nano,
+                        s.end_time_unix_nano,
+                        scope,
                     )
                 )
     return out
+
+
+def _links(received: Any) -> list[Link] | None:
+    """A span's links, or None when one has ids that cannot be represented."""
+    links = []
+    for ln in received:
+        lt, ls = ln.trace_id, ln.span_id
+        if len(lt) != 16 or len(ls) != 8:
+            return None
+        links.append(
+            Link(
+                _context(int.from_bytes(lt, "big"), ls, ln.flags, ln.trace_state, _is_remote(ln.flags)),
+                _with_dropped(attributes(ln.attributes), ln.dropped_attributes_count),
+            )
+        )
+    return links
 
 
 # ----------------------------------------------------------------------------- request bodies

@@ -17,7 +17,7 @@ from typing import Any
 
 from .. import semconv as sc
 
-__all__ = ["resource_problem", "span_problem"]
+__all__ = ["TYPED", "resource_problem", "span_problem", "needs_check"]
 
 # attributes of any span that records or exporters read, with the type they must have when present
 _INTS = (
@@ -32,6 +32,9 @@ _BOOLS = (sc.RL_VALIDATE,)
 _STRS = (sc.RL_SPAN_KIND, sc.RL_TRAJECTORY_NAME, sc.RL_OP_INPUTS, sc.RL_OP_OUTPUT)
 _IDENTITY = (sc.RL_PROJECT_NAME, sc.RL_EXPERIMENT_NAME, sc.RL_RUN_ID)
 
+# key -> the one type its value must have (the decoder compares while it decodes, `span_problem` says why)
+TYPED: dict[str, type] = {**dict.fromkeys(_INTS, int), **dict.fromkeys(_BOOLS, bool), **dict.fromkeys(_STRS, str)}
+
 # (keys, values, what a value must be) of a log() call's typed arrays
 _METRIC_PAIRS = (
     (sc.RL_METRICS_KEYS, sc.RL_METRICS_VALUES, "number"),
@@ -43,21 +46,17 @@ _GENERATIONS = (
     (sc.RL_GENERATIONS_OUTPUTS, "str"),
     (sc.RL_GENERATIONS_SCORES, "number"),
 )
+_TYPES = {
+    "int": frozenset({int}),
+    "number": frozenset({float, int}),
+    "bool": frozenset({bool}),
+    "str": frozenset({str}),
+}
 _ARTICLE = {"int": "integers", "number": "numbers", "bool": "booleans", "str": "strings"}
 
 
 def _is_int(v: Any) -> bool:
     return type(v) is int  # a bool is not a step
-
-
-def _is(kind: str, v: Any) -> bool:
-    if kind == "int":
-        return type(v) is int
-    if kind == "number":
-        return type(v) is float or type(v) is int
-    if kind == "bool":
-        return type(v) is bool
-    return type(v) is str
 
 
 def _array(attrs: Any, key: str, kind: str) -> tuple[tuple | None, str | None]:
@@ -67,9 +66,8 @@ def _array(attrs: Any, key: str, kind: str) -> tuple[tuple | None, str | None]:
         return (), None
     if type(v) is not tuple:
         return None, f"{key} must be an array"
-    for x in v:
-        if not _is(kind, x):
-            return None, f"{key} must hold {_ARTICLE[kind]}"
+    if not _TYPES[kind].issuperset(map(type, v)):  # (exact types: a bool is not an int here)
+        return None, f"{key} must hold {_ARTICLE[kind]}"
     return v, None
 
 
@@ -83,6 +81,13 @@ def resource_problem(attrs: Any) -> str | None:
     if rank is not None and not _is_int(rank):
         return f"resource attribute {sc.RL_WORKER_RANK} must be an integer"
     return None
+
+
+def needs_check(name: str, attrs: Any, has_parent: bool) -> bool:
+    """Whether a span whose `TYPED` attributes all have their type can still fail `span_problem`."""
+    if name == sc.SPAN_RUN:
+        return not has_parent
+    return (name == sc.SPAN_LOG or name == sc.SPAN_GENERATIONS) and sc.RL_STEP in attrs
 
 
 def span_problem(name: str, attrs: Any, has_parent: bool) -> str | None:

@@ -25,6 +25,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
 from otel_rl.bridge.decode import DecodeError, decode_metrics, decode_traces
+from otel_rl.bridge.validate import TYPED, span_problem
 
 from .helpers import official_json_encoder, spec_json
 
@@ -263,6 +264,39 @@ def test_invalid_ids_reject_only_that_span(fields, reason):
     decoded = decode_traces(req.SerializeToString())
     assert decoded.rejected == 1 and len(decoded.spans) == 1
     assert reason in decoded.error_message()
+
+
+def _kv(span, key: str, **value) -> None:
+    kv = span.attributes.add()
+    kv.key = key
+    for field, v in value.items():
+        setattr(kv.value, field, v)
+
+
+_WRONG = {int: {"string_value": "7"}, bool: {"int_value": 1}, str: {"int_value": 7}}
+_RIGHT = {int: {"int_value": 7}, bool: {"bool_value": True}, str: {"string_value": "x"}}
+
+
+@pytest.mark.parametrize("key", sorted(TYPED))
+def test_typed_attributes_are_checked_while_decoding_with_the_validators_reasons(key):
+    """Each typed rl.*/gen_ai.* attribute checked as it is decoded: a wrong type refuses that span alone with
+    `span_problem`'s reason; the right type, or a repeated key whose last value is right, is accepted."""
+    want = TYPED[key]
+    req = _one()
+    spans = req.resource_spans[0].scope_spans[0].spans
+    bad = spans[0]
+    _kv(bad, key, **_WRONG[want])
+    repeated = spans.add()
+    repeated.CopyFrom(_one().resource_spans[0].scope_spans[0].spans[0])
+    _kv(repeated, key, **_WRONG[want])
+    _kv(repeated, key, **_RIGHT[want])
+    good = spans.add()
+    good.CopyFrom(_one().resource_spans[0].scope_spans[0].spans[0])
+    _kv(good, key, **_RIGHT[want])
+    decoded = decode_traces(req.SerializeToString())
+    reason = span_problem("x", {key: next(iter(_WRONG[want].values()))}, False)
+    assert reason and decoded.reasons == {reason: 1}
+    assert [type(s.attributes[key]) for s in decoded.spans] == [want, want]
 
 
 def test_json_details_of_the_spec():
