@@ -131,9 +131,7 @@ class Handle:
         self.tracer = self.tracer_provider.get_tracer("otel_rl", __version__)
         # step, timer, trajectory and op spans: light spans ending into the pipeline, which materialises
         # them off the training thread (also for the span processors outside otel-rl: _processors)
-        self.light = LightTracer(
-            self._pipeline.submit, self.resource, scope, self.others, max_chars=cfg.max_value_chars
-        )
+        self.light = LightTracer(self._pipeline.submit, self.resource, scope, self.others)
         if self.others.active and not cfg.disabled and cfg.tracing is None:
             tracing = True
         self.sampler = Sampler(cfg.run_id, cfg.max_samples)
@@ -185,8 +183,7 @@ class Handle:
 
     def _emit_run_start(self) -> None:
         text, _ = to_json(scrub_secrets(self.config.verl_config), 1 << 20)
-        span = self.light.start(sc.SPAN_RUN, None, {sc.RL_RUN_CONFIG: text, sc.RL_SPAN_KIND: sc.KIND_METRICS})
-        span.end_as_record()
+        self.light.start(sc.SPAN_RUN, None, {sc.RL_RUN_CONFIG: text, sc.RL_SPAN_KIND: sc.KIND_METRICS}).end()
 
     # -- logging ---------------------------------------------------------------------
     def log(self, data: Any, step: Any = None, *, exporters: Iterable[str] | None = None) -> None:

@@ -3,8 +3,9 @@ worker makes of them.
 
 `log()` and `log_generations()` queue a `LogItem` / `GenerationsItem` (a deque append on the training
 thread); the pipeline worker turns each into its `rl.log` / `rl.generations` span (`log_span`,
-`generations_span`).  The other types are the worker's control items: a flush request, an exporter added
-mid-run, the start of the records spilled to the overflow file.
+`generations_span`): a light span (`otel_rl._lightspan`), made ended.  The other types are the worker's
+control items: a flush request, an exporter added mid-run, the start of the records spilled to the
+overflow file.
 """
 
 from __future__ import annotations
@@ -12,10 +13,12 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext
 
 from . import semconv as sc
+from ._lightspan import LightSpan, ended_span
 
 
 class LogItem:
@@ -78,7 +81,7 @@ class OverflowStart:
     __slots__ = ()
 
 
-def log_span(item: LogItem, context: SpanContext, resource: Any, scope: Any) -> ReadableSpan:
+def log_span(item: LogItem, context: SpanContext, resource: Resource, scope: InstrumentationScope) -> LightSpan:
     """The `rl.log` span of a `log()` call."""
     # every key in call order with its value as a double; ints and bools also
     # exactly, in their own typed arrays (see docs/semconv.md)
@@ -104,19 +107,12 @@ def log_span(item: LogItem, context: SpanContext, resource: Any, scope: Any) -> 
     if bk:
         attrs[sc.RL_METRICS_BOOL_KEYS] = tuple(bk)
         attrs[sc.RL_METRICS_BOOL_VALUES] = tuple(bv)
-    return ReadableSpan(
-        sc.SPAN_LOG,
-        context=context,
-        parent=item.parent,
-        resource=resource,
-        attributes=attrs,
-        start_time=item.time_ns,
-        end_time=item.time_ns,
-        instrumentation_scope=scope,
-    )
+    return ended_span(sc.SPAN_LOG, context, item.parent, attrs, item.time_ns, item.time_ns, resource, scope)
 
 
-def generations_span(item: GenerationsItem, context: SpanContext, resource: Any, scope: Any) -> ReadableSpan:
+def generations_span(
+    item: GenerationsItem, context: SpanContext, resource: Resource, scope: InstrumentationScope
+) -> LightSpan:
     """The `rl.generations` span of a `log_generations()` call."""
     attrs = {
         sc.RL_STEP: item.step,
@@ -125,15 +121,7 @@ def generations_span(item: GenerationsItem, context: SpanContext, resource: Any,
         sc.RL_GENERATIONS_OUTPUTS: tuple(r[1] for r in item.rows),
         sc.RL_GENERATIONS_SCORES: tuple(r[2] for r in item.rows),
     }
-    return ReadableSpan(
-        sc.SPAN_GENERATIONS,
-        context=context,
-        resource=resource,
-        attributes=attrs,
-        start_time=item.time_ns,
-        end_time=item.time_ns,
-        instrumentation_scope=scope,
-    )
+    return ended_span(sc.SPAN_GENERATIONS, context, None, attrs, item.time_ns, item.time_ns, resource, scope)
 
 
 def _as_double(v: Any) -> float:

@@ -1,19 +1,22 @@
-"""Light recording spans for steps, timers, trajectories and ops.
+"""Light spans: the SDK's `ReadableSpan` for steps, timers, trajectories, ops, the run and the records.
 
-A sampled trajectory makes a root span and one span per op; with many rollouts traced
-per step that is hundreds of spans per step on the training thread (and a step and its
-timers a few more).  The SDK's `Span`
-pays for what otel-rl does not use there (its sampler — every span under a sampled
-trajectory is kept —, locks, bounded attribute containers and a copy into a
-`ReadableSpan` at the end).  `LightSpan` implements the `opentelemetry.trace.Span` API
-(attributes, events, links, status, exceptions recorded as the SDK records them,
-`is_recording`) and, when it ends, hands itself to otel-rl's pipeline, whose thread makes it
-the SDK's `ReadableSpan` (`readable`) for the exporters and for any span processor outside
-otel-rl (`otel_rl._processors`), which see its start on the caller's thread.
+A sampled trajectory makes a root span and one span per op; with many rollouts traced per step that is
+hundreds of spans per step on the training thread (and a step and its timers a few more).  The SDK's
+`Span` pays for what otel-rl does not use there (its sampler -- every span under a sampled trajectory
+is kept --, a lock, bounded attribute containers).  `LightSpan` is a `ReadableSpan`, as the SDK's `Span`
+is, with the same fields, so everything that reads a `ReadableSpan` (span processors, exporters,
+`RecordBuilder`, `to_json`) reads it as it is; and it implements the `opentelemetry.trace.Span` API
+(attributes, events, links, status, exceptions recorded as the SDK records them, `is_recording`).
 
-Attributes set by user code (`annotate`, ``get_current_span().set_attribute``) are
-validated by OpenTelemetry's own rules and kept to its span limits; otel-rl's own
-attributes are built valid and never cut.
+Work the training thread leaves for later stays in the span's own slots until the span is seen outside
+otel-rl: an op's inputs and output may be copies (bytes, `serialize.snapshot`) rather than JSON text
+(`_deferred`), and an op output's token ids may wait for token2text (`_decode`).  `materialise` does that
+work in place, in the pipeline's thread or in the export process, before anything else reads the span.
+Span processors outside otel-rl see its start on the thread that starts it (`LightTracer.others`).
+
+Attributes set by user code (`annotate`, ``get_current_span().set_attribute``) are validated by
+OpenTelemetry's own rules and kept to its span limits; otel-rl's own attributes are built valid and
+never cut.
 """
 
 from __future__ import annotations
@@ -22,12 +25,14 @@ import logging
 import random
 import time
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from opentelemetry import trace as trace_api
+from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan, SpanLimits
 from opentelemetry.sdk.trace.id_generator import IdGenerator
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, get_current_span
 
 from ._values import warn_once
@@ -121,9 +126,10 @@ def _make_context_factory() -> tuple[Callable[[int, int], SpanContext], bool]:
 _new_context, CONTEXT_IS_TUPLE = _make_context_factory()
 
 
-class LightSpan(trace_api.Span):
-    """A recording span that becomes a `ReadableSpan` when it ends (see module doc)."""
+class LightSpan(trace_api.Span, ReadableSpan):
+    """A recording span that is the SDK's `ReadableSpan` once it ends (see module doc)."""
 
+    # the SDK's `ReadableSpan` fields (its properties and `to_json` read them), then otel-rl's own
     __slots__ = (
         "_name",
         "_context",
@@ -132,10 +138,18 @@ class LightSpan(trace_api.Span):
         "_events",
         "_links",
         "_status",
-        "_start",
-        "_end",
+        "_start_time",
+        "_end_time",
+        "_resource",
+        "_instrumentation_scope",
         "_tracer",
+        "_deferred",
+        "_decode",
     )
+    _kind = _INTERNAL
+    _instrumentation_info = None
+    _context: SpanContext  # (narrower than ReadableSpan's: a light span always has its own)
+    _attributes: dict[str, Any]
 
     def __init__(
         self,
@@ -145,32 +159,38 @@ class LightSpan(trace_api.Span):
         attributes: dict[str, Any],
         links: Sequence[Link] | None,
         start: int,
-        tracer: LightTracer,
+        tracer: LightTracer | None,
+        resource: Resource,
+        scope: InstrumentationScope | None,
     ):
         self._name = name
         self._context = context
         self._parent = parent
         self._attributes = attributes  # otel-rl's own: valid by construction (not copied)
-        self._events: list[Event] | None = None
-        self._links = list(links) if links else None
+        self._events: Sequence[Event] = ()
+        self._links: Sequence[Link] = list(links) if links else ()
         self._status = _UNSET
-        self._start = start
-        self._end: int | None = None
-        self._tracer = tracer
+        self._start_time = start
+        self._end_time: int | None = None
+        self._resource = resource
+        self._instrumentation_scope = scope
+        self._tracer = tracer  # None for a span made ended (`ended_span`)
+        self._deferred = False  # the attributes may hold copies to make into JSON text (`materialise`)
+        self._decode: tuple | None = None  # a token2text job (otel_rl._token2text.pending_entry)
 
     # -- the Span API -------------------------------------------------------------------------
     def get_span_context(self) -> SpanContext:
         return self._context
 
     def is_recording(self) -> bool:
-        return self._end is None
+        return self._end_time is None
 
     def set_attribute(self, key: str, value: Any) -> None:
         # set by user code: OpenTelemetry's span limits apply (OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT, ...), as to
         # the SDK's spans; otel-rl's own attributes are set at the start and never cut
-        if self._end is not None:
-            return
         tracer = self._tracer
+        if self._end_time is not None or tracer is None:
+            return
         v = _clean(key, value, tracer.max_length)
         if v is None:
             return
@@ -190,32 +210,38 @@ class LightSpan(trace_api.Span):
             self.set_attribute(k, v)
 
     def add_event(self, name: str, attributes: Mapping[str, Any] | None = None, timestamp: int | None = None) -> None:
-        if self._end is not None:
+        tracer = self._tracer
+        if self._end_time is not None or tracer is None:
             return
         clean = {}
-        max_length = self._tracer.max_length
         for k, v in (attributes or {}).items():
-            v = _clean(k, v, max_length)
+            v = _clean(k, v, tracer.max_length)
             if v is not None:
                 clean[k] = v
-        if self._events is None:
-            self._events = []
-        self._events.append(Event(name, clean, timestamp if timestamp is not None else _time_ns()))
+        event = Event(name, clean, timestamp if timestamp is not None else _time_ns())
+        events = self._events
+        if type(events) is list:
+            events.append(event)
+        else:
+            self._events = [event]
 
     def add_link(self, context: SpanContext, attributes: Mapping[str, Any] | None = None) -> None:
-        if self._end is not None or context is None or not context.is_valid:
+        if self._end_time is not None or context is None or not context.is_valid:
             return
-        if self._links is None:
-            self._links = []
-        self._links.append(Link(context, dict(attributes) if attributes else None))
+        link = Link(context, dict(attributes) if attributes else None)
+        links = self._links
+        if type(links) is list:
+            links.append(link)
+        else:
+            self._links = [link]
 
     def update_name(self, name: str) -> None:
-        if self._end is None:
+        if self._end_time is None:
             self._name = name
 
     def set_status(self, status: Status | StatusCode, description: str | None = None) -> None:
         # as the SDK: OK is final, UNSET is ignored
-        if self._end is not None or self._status.status_code is StatusCode.OK:
+        if self._end_time is not None or self._status.status_code is StatusCode.OK:
             return
         if isinstance(status, Status):
             if status.status_code is not StatusCode.UNSET:
@@ -244,41 +270,51 @@ class LightSpan(trace_api.Span):
         self.add_event("exception", attrs, timestamp)
 
     def end(self, end_time: int | None = None) -> None:
-        if self._end is not None:
+        tracer = self._tracer
+        if self._end_time is not None or tracer is None:
             return
-        self._end = end_time if end_time is not None else _time_ns()
+        self._end_time = end_time if end_time is not None else _time_ns()
         try:
-            self._tracer.submit(self)
+            tracer.submit(self)
         except Exception:  # pragma: no cover - the pipeline failing must not reach the caller
             _log.exception("otel-rl: span processor failed")
 
-    def end_as_record(self) -> None:
-        """End a span that carries a record (the run start): it reaches the pipeline as the `ReadableSpan`
-        it reads at once, rather than as a light span waiting to be materialised."""
-        if self._end is None:
-            self._end = _time_ns()
-            self._tracer.submit(self.readable(self._tracer.max_chars))
-
-    def readable(self, max_chars: int = DEFAULT_MAX_CHARS) -> ReadableSpan:
-        """This (ended) span as the SDK's `ReadableSpan` (an op's deferred inputs and output made into
-        JSON text of at most `max_chars`, `serialize.materialize`)."""
-        return ReadableSpan(
-            name=self._name,
-            context=self._context,
-            parent=self._parent,
-            resource=self._tracer.resource,
-            attributes=materialize(self._attributes, max_chars),
-            events=tuple(self._events) if self._events else (),
-            links=tuple(self._links) if self._links else (),
-            kind=_INTERNAL,
-            status=self._status,
-            start_time=self._start,
-            end_time=self._end,
-            instrumentation_scope=self._tracer.scope,
-        )
-
     def __repr__(self) -> str:
         return f"LightSpan({self._name!r}, span_id={self._context.span_id:016x})"
+
+
+def ended_span(
+    name: str,
+    context: SpanContext,
+    parent: SpanContext | None,
+    attributes: dict[str, Any],
+    start: int,
+    end: int,
+    resource: Resource,
+    scope: InstrumentationScope | None = None,
+) -> LightSpan:
+    """A span made ended, by otel-rl's own threads: a `log()` call's `rl.log` span, a generations table's,
+    a span received by the export process (`attributes` taken as they are)."""
+    span = LightSpan(name, context, parent, attributes, None, start, None, resource, scope)
+    span._end_time = end
+    return span
+
+
+def materialise(spans: Iterable[Any], max_chars: int = DEFAULT_MAX_CHARS) -> None:
+    """Do the work the training thread left in `spans` (light spans; any other span is final already), in
+    place: token2text's texts decoded (one batch per tokenizer) into the ops' outputs, and the ops' copied
+    inputs and outputs made into JSON text of at most `max_chars` (`serialize.materialize`)."""
+    todo = [s for s in spans if type(s) is LightSpan and (s._deferred or s._decode is not None)]
+    if not todo:
+        return
+    if any(s._decode is not None for s in todo):
+        from ._token2text import decode
+
+        decode(todo, max_chars)
+    for s in todo:
+        if s._deferred:
+            materialize(s._attributes, max_chars)
+            s._deferred = False
 
 
 class LightTracer:
@@ -287,22 +323,20 @@ class LightTracer:
     (`others`, otel_rl._processors) see each span start here, on the caller's thread, while they exist.
     User-set attributes keep to OpenTelemetry's span limits, read from the environment as the SDK does."""
 
-    __slots__ = ("submit", "resource", "scope", "others", "max_chars", "max_length", "max_attributes")
+    __slots__ = ("submit", "resource", "scope", "others", "max_length", "max_attributes")
 
     def __init__(
         self,
         submit: Callable[[Any], None],
-        resource: Any,
-        scope: Any,
+        resource: Resource,
+        scope: InstrumentationScope | None,
         others: Any = None,
-        max_chars: int = DEFAULT_MAX_CHARS,
         limits: SpanLimits | None = None,
     ):
         self.submit = submit
         self.resource = resource
         self.scope = scope
         self.others = others
-        self.max_chars = max_chars  # of the JSON texts an op's inputs and output become (LightSpan.readable)
         limits = limits if limits is not None else SpanLimits()
         self.max_length = limits.max_span_attribute_length
         self.max_attributes = limits.max_span_attributes
@@ -323,7 +357,7 @@ class LightTracer:
         else:
             parent = None
             ctx = _new_context(new_trace_id(start_time), _bits(64) or new_span_id())
-        span = LightSpan(name, ctx, parent, attributes, links, start_time, self)
+        span = LightSpan(name, ctx, parent, attributes, links, start_time, self, self.resource, self.scope)
         others = self.others
         if others is not None and others.active:
             others.on_start(span)
@@ -335,7 +369,7 @@ class LightTracer:
         if type(span) is LightSpan:  # the common case (an op inside an op or a trajectory): its own context,
             parent = span._context  # made by `_new_context`, valid
             ctx = _new_context(parent[0] if CONTEXT_IS_TUPLE else parent.trace_id, _bits(64) or new_span_id())
-            light = LightSpan(name, ctx, parent, attributes, None, _time_ns(), self)
+            light = LightSpan(name, ctx, parent, attributes, None, _time_ns(), self, self.resource, self.scope)
             others = self.others
             if others is not None and others.active:
                 others.on_start(light)

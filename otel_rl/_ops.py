@@ -3,7 +3,7 @@ function's wrapper does on every call, for plain functions, coroutines, generato
 
 A call inside a sampled trajectory (or outside any, with tracing on) gets a light span under the current
 span, made current for the call; its inputs and output are snapshotted (`serialize.snapshot`) and become
-JSON off the training thread; token2text jobs go to the runtime (`_runtime.active.decode_later`).
+JSON off the training thread; a token2text job stays in the span (`_runtime.active.decode_later`).
 """
 
 from __future__ import annotations
@@ -130,7 +130,10 @@ def _start_op_span(meta: OpMeta, args: tuple, kwargs: dict) -> Any:
             if v is not None:
                 attrs[sc.GEN_AI_TOOL_CALL_ID] = str(v)
                 break
-    return _runtime.active.light.start_in_current(meta.name, attrs)
+    span = _runtime.active.light.start_in_current(meta.name, attrs)
+    if type(text) is bytes:
+        span._deferred = True  # a copy, made into JSON text off this thread (otel_rl._lightspan.materialise)
+    return span
 
 
 def _usage_from(result: Any, ids: tuple | None) -> tuple[int | None, int | None]:
@@ -153,7 +156,9 @@ def _finish_op_span(span: Any, meta: OpMeta, result: Any, args: tuple) -> None:
     attrs = span._attributes
     text, truncated = snapshot(result, _runtime.active.config.max_value_chars)
     attrs[_OP_OUTPUT] = text
-    if truncated:
+    if type(text) is bytes:
+        span._deferred = True
+    elif truncated:
         attrs[_TRUNCATED] = True
     ids = None
     if meta.kind == _KIND_LLM:

@@ -4,17 +4,20 @@ one delivery queue per exporter (otel_rl._delivery).
 Caller-side cost is a deque append (plus, for `log()`, the value coercion done
 before it).  Everything else happens here, off the training thread:
 
-    submit() ──► deque ──► pipeline worker: log items → spans, token2text,
+    submit() ──► deque ──► pipeline worker: log items → spans, materialise,
                                             spans → records, instruments
                                  │
                                  ├──► DeliveryQueue(console) ──► exporter
                                  ├──► DeliveryQueue(otlp)    ──► exporter
                                  └──► ...
 
+Every span the worker gets is a `ReadableSpan`: otel-rl's light spans (otel_rl._lightspan), whose
+deferred work (the ops' copies, token2text jobs) it does before anything outside otel-rl reads them
+(`materialise`), or leaves to the export process along with the spans; and the SDK's own spans.
 The worker's collaborators: the item types it takes (otel_rl._items), the rollout deferral that
-leaves its batches queued while trajectories are open (otel_rl._rollouts), the token2text jobs the op
-wrapper leaves for it (otel_rl._token2text.DecodeJobs), and the record overflow file that takes
-`log()` records beyond the queue's bound (otel_rl._overflow).
+leaves its batches queued while trajectories are open (otel_rl._rollouts), the tokenizers of the
+token2text jobs that travel to the export process (otel_rl._token2text.DecodeJobs), and the record
+overflow file that takes `log()` records beyond the queue's bound (otel_rl._overflow).
 """
 
 from __future__ import annotations
@@ -29,7 +32,6 @@ from typing import Any
 
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import SpanContext, TraceFlags
 
 from . import semconv as sc
 from ._delivery import DeliveryQueue, wait_all_idle
@@ -43,7 +45,7 @@ from ._items import (
     generations_span,
     log_span,
 )
-from ._lightspan import LightSpan, TimeOrderedIds
+from ._lightspan import _new_context, materialise, new_span_id, new_trace_id
 from ._rollouts import RolloutDeferral
 from ._token2text import DecodeJobs
 from ._values import warn_once
@@ -52,7 +54,6 @@ from .export_process.receiver import Receiver
 from .records import Record, RecordBuilder, Trajectory, is_record_span, records_for
 
 _log = logging.getLogger("otel_rl")
-_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 #: while the worker leaves batches queued for open rollouts, it looks in this often (not woken by their end)
 _LOOK_S = 0.05
 #: while records come from the overflow, the queue gives this many items between two of its chunks
@@ -93,11 +94,10 @@ class Pipeline:
         self._batch_wake = 512
         self._max_items = config.queue_size
         self.dropped = 0
-        self._ids = TimeOrderedIds()
         self._builder = RecordBuilder()
         self._takeover: Receiver | None = None
         self._resource_attrs = dict(resource.attributes) if resource is not None else {}
-        self.decodes = DecodeJobs()  # token2text jobs left by the op wrapper
+        self.decodes = DecodeJobs()  # the tokenizers of token2text jobs that travel with their spans
         self.queues = [
             DeliveryQueue(e, config.queue_size, config=config)
             for e in exporters
@@ -178,7 +178,7 @@ class Pipeline:
     def _kind(item: Any) -> str:
         if type(item) is TrajectoryStat:
             return "trajectory_stat"
-        attrs = getattr(item, "_attributes", None) if type(item) is LightSpan else getattr(item, "attributes", None)
+        attrs = item.attributes if isinstance(item, ReadableSpan) else None
         return str((attrs or {}).get(sc.RL_SPAN_KIND) or "other")
 
     def _shed(self, item: Any) -> None:
@@ -368,18 +368,14 @@ class Pipeline:
                         item = LogItem(item[1], item[2], item[3], item[4], item[5])
                     else:
                         item = GenerationsItem(item[1], item[2], item[3], item[5])
-                if type(item) is LightSpan or isinstance(item, ReadableSpan):
+                if isinstance(item, ReadableSpan):
                     spans.append(item)
-                elif isinstance(item, LogItem):
+                elif isinstance(item, (LogItem, GenerationsItem)):
+                    span = self._record_span(item)
                     if item.only is not None:
-                        routed = (log_span(item, self._new_context(item.parent), self.resource, self.scope), item.only)
+                        routed = (span, item.only)
                         break  # delivered right after what came before it, to its exporters only
-                    spans.append(log_span(item, self._new_context(item.parent), self.resource, self.scope))
-                elif isinstance(item, GenerationsItem):
-                    if item.only is not None:
-                        routed = (generations_span(item, self._new_context(None), self.resource, self.scope), item.only)
-                        break
-                    spans.append(generations_span(item, self._new_context(None), self.resource, self.scope))
+                    spans.append(span)
                 elif isinstance(item, TrajectoryStat):
                     stats.append(item)
                 elif isinstance(item, FlushMarker):
@@ -415,55 +411,49 @@ class Pipeline:
         with self._urgent_lock:
             self._urgent = max(0, self._urgent - 1)
 
+    def _record_span(self, item: LogItem | GenerationsItem) -> ReadableSpan:
+        """The `rl.log` / `rl.generations` span of `item`, started and ended here (the span processors
+        outside otel-rl see it start on this thread)."""
+        if isinstance(item, LogItem):
+            parent = item.parent
+            ctx = _new_context(parent.trace_id if parent is not None else new_trace_id(), new_span_id())
+            span = log_span(item, ctx, self.resource, self.scope)
+        else:
+            span = generations_span(item, _new_context(new_trace_id(), new_span_id()), self.resource, self.scope)
+        others = self.others
+        if others is not None and others.active:
+            others.on_start(span)
+        return span
+
     def _handle_spans(self, spans: list, stats: list) -> None:
         """Records from the spans of one batch, for the exporters here; the spans themselves, packed, for
-        the export process (or the queues that took over from it), which builds its trajectories."""
+        the export process (or the queues that took over from it), which builds its trajectories.  A span
+        is materialised before anything here reads it; those that travel only are materialised there."""
         ship = self._ship()
         others = self.others
         feed = others is not None and others.active
         local = feed or self._local_wants_spans()
         limit = self.config.max_value_chars
-        # spans that are parts of trajectories (not a log() call, a generations table, the run start)
-        parts = [s for s in spans if type(s) is LightSpan or not is_record_span(s)]
-        texts = {}
-        jobs = None
-        sids: list[int] = []
-        pending = self.decodes.pending
-        if pending:
-            from ._token2text import decode_fields, drop, span_ids
-
-            sids = span_ids(parts)
-            if ship and not local:
-                jobs = self.decodes.travelling(sids, self.remote)  # decoded where the trajectories are built
-            if ship or local:
-                texts = decode_fields(parts, pending, sids)  # (what is left to decode here)
-            else:
-                drop(parts, pending, sids)
         wire = None
         if ship:
-            if jobs:
-                get = jobs.get
-                wire = [pack(s, get(sid)) for s, sid in zip(parts, sids)]
+            # the parts of trajectories (not a log() call, a generations table, the run start)
+            parts = [s for s in spans if not is_record_span(s)]
+            jobs = None
+            if local:
+                materialise(spans, limit)  # for the consumers here; the spans travel materialised
             else:
-                wire = [pack(s) for s in parts]
-            if texts:
-                from ._token2text import merge_texts
-
-                for t in wire:
-                    fields = texts.get(t[1])
-                    if fields is not None:
-                        merge_texts(t[6], fields, limit)
+                jobs = self.decodes.travelling(parts, self.remote)  # decoded where the trajectories are built
+                materialise([s for s in parts if getattr(s, "_decode", None) is not None], limit)  # the others
+            wire = [pack(s) for s in parts] if jobs is None else [pack(s, j) for s, j in zip(parts, jobs)]
         if local:
-            out = [s.readable(limit) if type(s) is LightSpan else s for s in spans]
-            if texts:
-                from ._token2text import with_texts
-
-                out = [with_texts(s, texts[s.context.span_id], limit) if s.context.span_id in texts else s for s in out]
+            if not ship:
+                materialise(spans, limit)
+            out = spans
             records = self._builder.build(out)
             if feed:
                 others.on_end(out)
         else:
-            out = [s for s in spans if type(s) is not LightSpan and is_record_span(s)]  # the record spans
+            out = [s for s in spans if is_record_span(s)]  # the record spans
             records = self._builder.build(out)
         self._process(records, out, stats, wire=wire)
 
@@ -520,10 +510,6 @@ class Pipeline:
             q.put(list(spans) if exp.wants_spans else [], recs)
             if recs:
                 q.wait_room()  # records are not dropped: a queue over its bound holds the pipeline back
-
-    def _new_context(self, parent: SpanContext | None) -> SpanContext:
-        trace_id = parent.trace_id if parent is not None else self._ids.generate_trace_id()
-        return SpanContext(trace_id, self._ids.generate_span_id(), is_remote=False, trace_flags=_SAMPLED)
 
 
 def make_span_processor(pipeline: Pipeline, others: Any) -> Any:

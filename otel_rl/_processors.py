@@ -8,11 +8,13 @@ Two kinds, both fed by default:
   spans go to its span processors, and otel-rl's metric instruments are made on its meter provider too.
   ``feed_global_provider=false`` keeps everything private.
 
-A processor's ``on_start`` runs on the thread that starts the span (the training thread), so that it sees
-the span while it is open, as with the SDK's own spans; its ``on_end`` runs on otel-rl's pipeline thread,
-with the span materialised there (an op's inputs and output as JSON text, token2text's texts): the
-training thread never builds the SDK's `ReadableSpan`.  A provider that a tracker library installs while
-otel-rl's exporters start is not the user's pipeline: only a provider set before `init()` is fed.
+Every span is the SDK's `ReadableSpan` (otel-rl's light span, otel_rl._lightspan), the same object at
+``on_start`` and ``on_end``.  ``on_start`` runs on the thread that starts the span (the training thread;
+for ``rl.log`` and ``rl.generations``, made by otel-rl's pipeline thread, that one), so that it sees the
+span while it is open, as with the SDK's own spans; ``on_end`` runs on otel-rl's pipeline thread, with
+the span materialised there (an op's inputs and output as JSON text, token2text's texts).  A provider
+that a tracker library installs while otel-rl's exporters start is not the user's pipeline: only a
+provider set before `init()` is fed.
 """
 
 from __future__ import annotations

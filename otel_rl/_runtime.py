@@ -43,8 +43,8 @@ class Runtime:
             p.submit(TrajectoryStat(duration_s, validate, error))
 
     def decode_later(self, span: Any, entry: tuple) -> None:
-        """token2text: `span`'s output has ids that the pipeline decodes off this thread."""
-        self._pipeline.decodes.add(span, entry)
+        """token2text: `span`'s output has ids to decode off this thread (the job stays in the span)."""
+        span._decode = entry
 
     def rollout_started(self) -> None:
         r = self._rollouts

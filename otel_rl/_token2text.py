@@ -1,16 +1,14 @@
 """token2text: decode `prompt_ids` / `response_ids` of op outputs off the training thread.
 
-The op wrapper (caller thread) only stores a reference to the tokenizer in
-`pending[span_id]`, with a copy of the id lists -- or, when the op's output is a
-dict copied whole as plain data (`serialize.snapshot`), the mark `FROM_OUTPUT`:
-the ids are then read from that copy where they are decoded (`ids_from_output`),
-and the training process neither copies nor ships them a second time.  Later
-the ids of a whole batch are decoded with one `batch_decode` call per
-tokenizer, and the op's output JSON gains `prompt_text` / `response_text`.
-That happens in the pipeline's thread (`decode_fields`) for what is consumed in
-the training process, or, for spans shipped packed to the export process, there
-(`decode_packed`): the tokenizer travels once, pickled, and the ids travel with
-their span.
+The op wrapper (caller thread) only leaves a job in the op's span (`LightSpan._decode`): a reference to
+the tokenizer with a copy of the id lists -- or, when the op's output is a dict copied whole as plain
+data (`serialize.snapshot`), the mark `FROM_OUTPUT`: the ids are then read from that copy where they are
+decoded (`ids_from_output`), and the training process neither copies nor ships them a second time.
+Later the jobs of a whole batch of spans are decoded with one `batch_decode` call per tokenizer
+(`decode`), and each op's output JSON gains `prompt_text` / `response_text`.  That happens where the
+spans are materialised (`otel_rl._lightspan.materialise`): in the pipeline's thread for what is consumed
+in the training process, or in the export process for spans shipped there, with their jobs
+(`DecodeJobs.travelling`): the tokenizer travels once, pickled, and the ids travel with their span.
 """
 
 from __future__ import annotations
@@ -20,10 +18,7 @@ import logging
 import pickle
 from typing import Any
 
-from opentelemetry.sdk.trace import ReadableSpan
-
 from . import semconv as sc
-from ._lightspan import CONTEXT_IS_TUPLE, LightSpan
 from ._values import warn_once
 from .serialize import _dumps, materialize, to_json
 
@@ -107,39 +102,23 @@ def _decode_all(tokenizer: Any, seqs: list[list[int]]) -> list[str]:
     return [str(tokenizer.decode(s)) for s in seqs]
 
 
-def _span_id(span: Any) -> int:
-    if type(span) is LightSpan:
-        return span._context[1] if CONTEXT_IS_TUPLE else span._context.span_id
-    return span.context.span_id
-
-
-def span_ids(spans: list) -> list[int]:
-    """The span id of each span (light or SDK), in order."""
-    return [_span_id(s) for s in spans]
-
-
-def decode_fields(spans: list, pending: dict[int, tuple], sids: list[int] | None = None) -> dict[int, dict[str, str]]:
-    """Decode the ids noted for `spans` (their entries leave `pending`): span id -> the text fields.
-    `sids`: the spans' ids, when the caller has them already."""
-    jobs = []  # (span id, tokenizer, prompt_ids, response_ids)
-    for span, sid in zip(spans, span_ids(spans) if sids is None else sids):
-        entry = pending.pop(sid, None)
-        if entry is not None:
-            entry = resolve_entry(entry, span._attributes if type(span) is LightSpan else span.attributes)
-            if entry is not None:
-                jobs.append((sid, *entry))
-    if not jobs:
-        return {}
+def decode(spans: list, max_chars: int) -> None:
+    """Decode the token2text jobs of `spans` (light spans; each job leaves its span), one batch per
+    tokenizer, and merge the texts into their op outputs (`merge_texts`), in place."""
     by_tok: dict[int, tuple[Any, list]] = {}
-    for job in jobs:
-        by_tok.setdefault(id(job[1]), (job[1], []))[1].append(job)
-    decoded: dict[int, dict[str, str]] = {}
-    for tokenizer, tok_jobs in by_tok.values():
-        texts = _decode_pairs(tokenizer, [(p, r) for _sid, _tok, p, r in tok_jobs])
-        for (sid, *_), fields in zip(tok_jobs, texts):
+    for span in spans:
+        entry = span._decode
+        if entry is None:
+            continue
+        span._decode = None
+        entry = resolve_entry(entry, span._attributes)
+        if entry is not None:
+            by_tok.setdefault(id(entry[0]), (entry[0], []))[1].append((span, entry[1], entry[2]))
+    for tokenizer, jobs in by_tok.values():
+        texts = _decode_pairs(tokenizer, [(p, r) for _span, p, r in jobs])
+        for (span, _p, _r), fields in zip(jobs, texts):
             if fields:
-                decoded[sid] = fields
-    return decoded
+                merge_texts(span._attributes, fields, max_chars)
 
 
 def _decode_pairs(tokenizer: Any, pairs: list[tuple[Any, Any]]) -> list[dict[str, str]]:
@@ -164,55 +143,6 @@ def _decode_pairs(tokenizer: Any, pairs: list[tuple[Any, Any]]) -> list[dict[str
     for (k, field), text in zip(where, texts):
         out[k][field] = text
     return out
-
-
-def decode_packed(packed: list, tokenizers: dict[int, Any], max_chars: int) -> None:
-    """Packed spans (`otel_rl._wire`) that carry ids to decode (an 11th item: tokenizer key, prompt
-    ids, response ids; or tokenizer key, `FROM_OUTPUT`: the ids are in the op's output): decode them,
-    one batch per tokenizer, and merge the texts into their attributes, in place.  A key without a
-    tokenizer (it could not be loaded here) loses its texts."""
-    resolve_packed(packed)
-    by_key: dict[int, list] = {}
-    for t in packed:
-        if len(t) > 10 and t[10] is not None and len(t[10]) == 3:
-            by_key.setdefault(t[10][0], []).append(t)
-    for key, spans in by_key.items():
-        tokenizer = tokenizers.get(key)
-        if tokenizer is None:
-            warn_once(
-                f"token2text-missing:{key}",
-                "otel-rl: token2text: a tokenizer could not be loaded in the "
-                "export process; %d outputs keep their ids only",
-                len(spans),
-            )
-            continue
-        for t, fields in zip(spans, _decode_pairs(tokenizer, [t[10][1:] for t in spans])):
-            if fields:
-                merge_texts(t[6], fields, max_chars)
-
-
-def resolve_packed(packed: list) -> None:
-    """The `FROM_OUTPUT` jobs of packed spans with their ids, read from the op's output (in place; a job
-    whose ids cannot be read is dropped).  Before the outputs' copies are made into text
-    (`serialize.materialize`, as `decode_packed` is called), the ids are exactly the ones the op returned."""
-    for i, t in enumerate(packed):
-        if len(t) > 10 and t[10] is not None and len(t[10]) == 2:
-            ids = ids_from_output(t[6].get(sc.RL_OP_OUTPUT))
-            packed[i] = (*t[:10], None if ids is None else (t[10][0], *ids))
-
-
-def drop(spans: list, pending: dict[int, tuple], sids: list[int] | None = None) -> None:
-    """Forget the ids noted for `spans` (nobody takes their texts)."""
-    for sid in span_ids(spans) if sids is None else sids:
-        pending.pop(sid, None)
-
-
-def decode_spans(spans: list, pending: dict[int, tuple], max_chars: int) -> list:
-    """`spans` (SDK spans) with the decoded texts merged into their op outputs."""
-    decoded = decode_fields(spans, pending)
-    if not decoded:
-        return spans
-    return [with_texts(s, decoded[s.context.span_id], max_chars) if s.context.span_id in decoded else s for s in spans]
 
 
 def _spliced(raw: str, fields: dict[str, str], max_chars: int) -> str | None:
@@ -251,61 +181,39 @@ def merge_texts(attrs: dict, fields: dict[str, str], max_chars: int) -> None:
         attrs[k] = v[:max_chars]
 
 
-def with_texts(span: ReadableSpan, fields: dict[str, str], max_chars: int) -> ReadableSpan:
-    attrs = dict(span.attributes or {})
-    merge_texts(attrs, fields, max_chars)
-    return ReadableSpan(
-        span.name,
-        context=span.context,
-        parent=span.parent,
-        resource=span.resource,
-        attributes=attrs,
-        events=span.events,
-        links=span.links,
-        kind=span.kind,
-        status=span.status,
-        start_time=span.start_time,
-        end_time=span.end_time,
-        instrumentation_scope=span.instrumentation_scope,
-    )
-
-
 class DecodeJobs:
-    """The token2text jobs the op wrapper leaves for the pipeline (`pending`: span id -> entry, see
-    `pending_entry`), and the tokenizers that travel with shipped spans (`tokenizers`: key -> tokenizer,
-    pickled once for the export process)."""
+    """The tokenizers of the token2text jobs that travel with shipped spans (`tokenizers`: key ->
+    tokenizer, pickled once for the export process)."""
 
     def __init__(self) -> None:
-        self.pending: dict[int, tuple] = {}
         self.tokenizers: dict[int, Any] = {}
         # id(tokenizer) -> (tokenizer, key), or key None: it cannot travel and is decoded here (kept with
         # its key, so that its id stays its own)
         self._keys: dict[int, tuple[Any, int | None]] = {}
 
-    def add(self, span: Any, entry: tuple) -> None:
-        """The op wrapper (training thread): `span`'s output has ids to decode."""
-        self.pending[_span_id(span)] = entry
-
-    def travelling(self, sids: list[int], remote: Any) -> dict[int, tuple]:
-        """The jobs of the spans `sids` whose tokenizer can travel with them, as span id -> (tokenizer key,
-        prompt ids, response ids); they leave `pending`.  The others stay for this process.  A tokenizer
-        seen for the first time goes to `remote` (the export process) ahead of the batch that needs it."""
-        pending = self.pending
-        jobs: dict[int, tuple] = {}
-        for sid in sids:
-            entry = pending.get(sid)
+    def travelling(self, spans: list, remote: Any) -> list[tuple | None] | None:
+        """The jobs of `spans` whose tokenizer can travel with them, in order (None for a span without
+        one; None for all when there is none): (tokenizer key, prompt ids, response ids), or (tokenizer
+        key, `FROM_OUTPUT`).  They leave their spans; the others stay, to be decoded in this process.  A
+        tokenizer seen for the first time goes to `remote` (the export process) ahead of the batch that
+        needs it."""
+        jobs: list[tuple | None] | None = None
+        for i, span in enumerate(spans):
+            entry = span._decode
             if entry is None:
                 continue
             key = self._key(entry[0], remote)
             if key is None:
                 continue
-            del pending[sid]
+            span._decode = None
+            if jobs is None:
+                jobs = [None] * len(spans)
             if len(entry) == 2:  # (tokenizer, FROM_OUTPUT): the ids travel in the op's output copy
-                jobs[sid] = (key, entry[1])
+                jobs[i] = (key, entry[1])
                 continue
-            tok, p, r = entry
+            _tok, p, r = entry
             try:
-                jobs[sid] = (key, None if p is None else _as_list(p), None if r is None else _as_list(r))
+                jobs[i] = (key, None if p is None else _as_list(p), None if r is None else _as_list(r))
             except Exception:  # ids that are not a sequence of ints: nothing to decode
                 pass
         return jobs

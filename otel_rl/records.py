@@ -8,8 +8,9 @@ The pipeline turns each batch of finished spans into:
 - `Trajectory`   one sampled trajectory: the whole span tree of its trace
 
 Records carry their `RunIdentity` (from resource attributes), so an exporter
-keeps one tracker run per identity.  The builder works on any `ReadableSpan`, so
-the same code serves spans made in-process and spans decoded from OTLP.
+keeps one tracker run per identity.  The builder reads spans through `ReadableSpan`'s
+public fields only, so the same code serves otel-rl's own light spans (in the training
+process and in the export process) and spans decoded from OTLP by the bridge.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import json
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, KeysView, Sequence
 from typing import Any
 
 from . import semconv as sc
@@ -270,10 +271,9 @@ def _response(root: SpanNode) -> Any:
     return _short(output) if isinstance(output, str) else output
 
 
-def _status(span: Any) -> tuple[str, str | None]:
+def _status(span: ReadableSpan) -> tuple[str, str | None]:
     st = span.status
-    code = getattr(st.status_code, "name", str(st.status_code))
-    return code, st.description
+    return st.status_code.name, st.description
 
 
 def metrics_from_attributes(attrs: Any) -> dict[str, float | int | bool]:
@@ -411,6 +411,10 @@ class RecordBuilder:
     def pending(self) -> list[list[Any]]:
         """The spans held for trajectories whose root has not ended, per trace (oldest first)."""
         return list(self._pending.values())
+
+    def pending_traces(self) -> KeysView[int]:
+        """The trace ids of `pending` (a live view)."""
+        return self._pending.keys()
 
     def flush_partial(self) -> list[Record]:
         """Traces whose root never ended (process ending): emit what there is."""

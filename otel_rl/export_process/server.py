@@ -136,7 +136,7 @@ class Server:
         """token2text: a tokenizer of the trainer, pickled; the ids of shipped spans name it by `key`."""
         try:
             self.receiver.tokenizers[key] = pickle.loads(blob)
-        except Exception as exc:  # its outputs keep their ids (decode_packed warns)
+        except Exception as exc:  # its outputs keep their ids (_wire.unpack warns)
             _log.warning(
                 "otel-rl: export process: token2text tokenizer could not be loaded (%s: %s)", type(exc).__name__, exc
             )
