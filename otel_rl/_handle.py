@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterable, Sequence
+from types import TracebackType
 from typing import Any
 
 from opentelemetry import trace as trace_api
@@ -48,6 +49,9 @@ _init_lock = threading.Lock()
 
 class Handle:
     """A running otel-rl pipeline.  Use as a context manager or call `shutdown()`."""
+
+    #: a later `init()` replaces this pipeline without a warning (the test kit's capture sets it)
+    replaced_quietly = False
 
     def __init__(
         self,
@@ -102,14 +106,16 @@ class Handle:
         readers = [r for e in exporters for r in e.metric_readers()]
         self.meter_provider = MeterProvider(resource=self.resource, metric_readers=readers, views=views())
         scope = InstrumentationScope("otel_rl", __version__)
-        self._pipeline: Pipeline | None = None
+        self._pipeline: Pipeline  # (assigned below: until then the instruments' callback sees no queues)
         glob_tp, glob_mp = global_providers if cfg.feed_global_provider else (None, None)
         self.others = OtherProcessors(glob_tp)
         # without a metric reader nobody reads the instruments: do not pay for updating them
         meters = [self.meter_provider.get_meter("otel_rl", __version__)] if readers else []
         if glob_mp is not None:
             meters.append(glob_mp.get_meter("otel_rl", __version__))
-        instruments = Instruments.on(meters, self.identity, lambda: self._pipeline.queues if self._pipeline else [])
+        instruments = Instruments.on(
+            meters, self.identity, lambda: self._pipeline.queues if hasattr(self, "_pipeline") else []
+        )
         self._pipeline = Pipeline(
             cfg,
             self.resource,
@@ -502,7 +508,7 @@ class Handle:
     def __enter__(self) -> Handle:
         return self
 
-    def __exit__(self, et: Any, ev: Any, tb: Any) -> None:
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
         # an exception leaving the block ends the runs as failed (as MLflow's `with start_run()` does)
         self._shutdown(None, _exit.outcome_of(et, ev, tb) or _exit.outcome())
 
@@ -617,9 +623,12 @@ def init(
     if "logger" in kwargs and exporters is None:
         exporters = kwargs.pop("logger")
     if exporters is not None:
-        names = []
+        names: list[str] = []
         for e in [exporters] if isinstance(exporters, (str, Exporter)) else list(exporters):
-            (given if isinstance(e, Exporter) else names).append(e)
+            if isinstance(e, Exporter):
+                given.append(e)
+            else:
+                names.append(e)
         if names or not given:
             kwargs["exporters"] = names
         elif given:

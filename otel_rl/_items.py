@@ -14,6 +14,7 @@ from typing import Any
 
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanContext
+from opentelemetry.util.types import AttributeValue
 
 from . import semconv as sc
 
@@ -118,7 +119,7 @@ def log_span(item: LogItem, context: SpanContext, resource: Any, scope: Any) -> 
 
 def generations_span(item: GenerationsItem, context: SpanContext, resource: Any, scope: Any) -> ReadableSpan:
     """The `rl.generations` span of a `log_generations()` call."""
-    attrs = {
+    attrs: dict[str, AttributeValue] = {
         sc.RL_STEP: item.step,
         sc.RL_SPAN_KIND: sc.KIND_METRICS,
         sc.RL_GENERATIONS_INPUTS: tuple(r[0] for r in item.rows),

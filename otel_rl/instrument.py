@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from contextvars import Token
+from types import TracebackType
+from typing import Any, Literal, TypeVar
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace as trace_api
@@ -70,6 +72,8 @@ def current_step() -> int | None:
 
 class _StepState:
     __slots__ = ("n", "span", "span_context", "timings", "var_token", "ctx_token")
+    var_token: Token[Any]
+    ctx_token: Token[otel_context.Context]
 
     def __init__(self, n: int):
         self.n = n
@@ -101,7 +105,9 @@ class step:
         st.var_token = STEP.set(st)
         return st
 
-    def __exit__(self, et: Any, ev: BaseException | None, tb: Any) -> bool:
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> Literal[False]:
         st = self._st
         if st.timings and _runtime.active.handle is not None and (ev is None or isinstance(ev, Exception)):
             _runtime.active.handle.log(dict(st.timings), step=st.n)  # while the step is current: parented to its span
@@ -116,7 +122,9 @@ class step:
     async def __aenter__(self) -> _StepState:
         return self.__enter__()
 
-    async def __aexit__(self, et: Any, ev: Any, tb: Any) -> bool:
+    async def __aexit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> Literal[False]:
         return self.__exit__(et, ev, tb)
 
 
@@ -144,7 +152,9 @@ class timer:
         self._t0 = _perf()
         return self
 
-    def __exit__(self, et: Any, ev: BaseException | None, tb: Any) -> bool:
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> Literal[False]:
         dt = self.last = _perf() - self._t0
         if self._span is not None:
             otel_context.detach(self._token)
@@ -162,7 +172,9 @@ class timer:
     async def __aenter__(self) -> timer:
         return self.__enter__()
 
-    async def __aexit__(self, et: Any, ev: Any, tb: Any) -> bool:
+    async def __aexit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> Literal[False]:
         return self.__exit__(et, ev, tb)
 
 
@@ -188,6 +200,10 @@ class TrajectoryState:
         "reward",
         "runtime",
     )
+    t0: int
+    var_token: Token[Any]
+    ctx_token: Token[otel_context.Context]
+    runtime: _runtime.Runtime
 
     def __init__(
         self,
@@ -313,7 +329,9 @@ class trajectory:
         st.var_token = TRAJECTORY.set(st)
         return st
 
-    def __exit__(self, et: Any, ev: BaseException | None, tb: Any) -> bool:
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> Literal[False]:
         st = self._st
         TRAJECTORY.reset(st.var_token)
         if st.mode == SAMPLED:
@@ -333,7 +351,9 @@ class trajectory:
     async def __aenter__(self) -> TrajectoryState:
         return self.__enter__()
 
-    async def __aexit__(self, et: Any, ev: Any, tb: Any) -> bool:
+    async def __aexit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> Literal[False]:
         return self.__exit__(et, ev, tb)
 
 

@@ -399,13 +399,13 @@ class RecordBuilder:
                 continue
             if attrs.get(sc.RL_SPAN_KIND) == sc.KIND_TIMER:
                 continue
-            group = self._pending.get(tid)
-            if group is None:
-                group = self._pending[tid] = []
+            held = self._pending.get(tid)
+            if held is None:
+                held = self._pending[tid] = []
                 while len(self._pending) > self._max_pending:
                     _, old = self._pending.popitem(last=False)
                     out.extend(self._partial(old))
-            group.append(span)
+            held.append(span)
         return out
 
     def pending(self) -> list[list[Any]]:

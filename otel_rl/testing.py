@@ -120,7 +120,7 @@ class CaptureExporter(Exporter):
 
     def metric_points(self, name: str) -> list[Any]:
         """Data points of one OTel instrument (e.g. ``rl.train.actor/pg_loss``)."""
-        out = []
+        out: list[Any] = []
         for reader in self._readers:
             try:
                 data = reader.get_metrics_data()

@@ -98,7 +98,7 @@ _SCALARS = {
 def any_value(v: Any) -> Any:
     """An OTLP AnyValue as the Python value the SDK keeps (arrays as tuples, maps as dicts)."""
     which = v.WhichOneof("value")
-    get = _SCALARS.get(which)  # type: ignore[arg-type]
+    get = _SCALARS.get(which)
     if get is not None:
         return get(v)
     if which == "array_value":
@@ -109,12 +109,12 @@ def any_value(v: Any) -> Any:
 
 
 def _array(values: Any) -> tuple:
-    out = []
+    out: list[object] = []
     append = out.append
     scalars = _SCALARS
     for x in values:
         which = x.WhichOneof("value")
-        get = scalars.get(which)  # type: ignore[arg-type]
+        get = scalars.get(which)
         append(get(x) if get is not None else any_value(x))
     return tuple(out)
 
@@ -126,7 +126,7 @@ def attributes(kvs: Iterable[Any]) -> dict[str, Any]:
     for kv in kvs:
         v = kv.value
         which = v.WhichOneof("value")
-        get = scalars.get(which)  # type: ignore[arg-type]
+        get = scalars.get(which)
         out[kv.key] = get(v) if get is not None else any_value(v)
     return out
 

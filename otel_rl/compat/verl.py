@@ -324,19 +324,21 @@ _init_hooks: list[Any] = []
 def _trace_pipeline(
     project: str, experiment: str, backend: str, token2text: bool, max_samples: int | None
 ) -> Handle | None:
-    settings = {"token2text": token2text or None, "max_samples": max_samples}
+    t2t = token2text or None
     h = current()
     try:
         if h is None or h.closed:
-            h, _ = _join_or_init(None, project, experiment, None, trace_backend=backend, **settings)
+            h, _ = _join_or_init(
+                None, project, experiment, None, trace_backend=backend, token2text=t2t, max_samples=max_samples
+            )
         else:
-            h.set_trace_settings(trace_backend=backend, **settings)
+            h.set_trace_settings(trace_backend=backend, token2text=t2t, max_samples=max_samples)
     except UnknownExporterError as exc:
         warn_once(
             f"trace-backend:{backend}", "otel-rl: rollout trace backend %r: %s; rollouts are not traced", backend, exc
         )
         if h is None or h.closed:
-            h, _ = _join_or_init(None, project, experiment, None, **settings)
+            h, _ = _join_or_init(None, project, experiment, None, token2text=t2t, max_samples=max_samples)
     return h
 
 

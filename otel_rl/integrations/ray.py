@@ -42,7 +42,7 @@ import inspect
 import os
 import re
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Literal
 
 from opentelemetry import context as otel_context
 from opentelemetry import propagate
@@ -231,7 +231,7 @@ class step_context:
     def __init__(self, carrier: Mapping[str, str] | None):
         self._carrier = carrier
 
-    def __enter__(self) -> Any:
+    def __enter__(self) -> _StepState | None:
         self._otel_token = self._step_token = None
         carrier = self._carrier
         if not carrier:
@@ -251,17 +251,17 @@ class step_context:
             self._step_token = STEP.set(st)
         return st
 
-    def __exit__(self, *exc: Any) -> bool:
+    def __exit__(self, *exc: object) -> Literal[False]:
         if self._step_token is not None:
             STEP.reset(self._step_token)
         if self._otel_token is not None:
             otel_context.detach(self._otel_token)
         return False
 
-    async def __aenter__(self) -> Any:
+    async def __aenter__(self) -> _StepState | None:
         return self.__enter__()
 
-    async def __aexit__(self, *exc: Any) -> bool:
+    async def __aexit__(self, *exc: object) -> Literal[False]:
         return self.__exit__(*exc)
 
 

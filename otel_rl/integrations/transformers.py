@@ -390,7 +390,7 @@ class RewardTracer:
                         continue
                     finally:
                         _replaying.value = None
-                    if value is not None:
+                    if value is not None and not isinstance(value, BaseException):
                         try:
                             total += float(value)
                             any_score = True

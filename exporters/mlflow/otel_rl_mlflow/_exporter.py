@@ -559,8 +559,10 @@ class MlflowExporter(TrackerExporter):
 
     def _log_traces(self, client: Any, tracing: Any, handle: MlflowRun, trajs: list[Trajectory]) -> None:
         builder = self._spans
+        if builder is None:  # (made by _write_trajectories, the caller)
+            builder = self._spans = _traces.SpanBuilder()
         ahead = self._ahead
-        groups = [ahead.pop(t.trace_id, None) or builder.spans(t) for t in trajs]
+        groups = [ahead.pop(t.trace_id, []) or builder.spans(t) for t in trajs]
         ids = [_traces.mlflow_trace_id(t.trace_id) for t in trajs]
         if self._log_spans_supported:
             bulk = self._bulk_writer(tracing)
