@@ -9,9 +9,9 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, SupportsFloat, SupportsInt, cast
 
 from opentelemetry import trace as trace_api
 from opentelemetry.sdk.metrics import MeterProvider
@@ -56,18 +56,19 @@ class Handle:
     def __init__(
         self,
         config: Config,
-        exporters: list[Any],
-        tokenizer: Any = None,
-        global_providers: tuple[Any, Any] = (None, None),
+        exporters: Sequence[Exporter | tuple[str, str, type, bool]],
+        tokenizer: object = None,
+        global_providers: tuple[TracerProvider | None, MeterProvider | None] = (None, None),
     ):
         self.config = config
         remote_specs = [x[1:] for x in exporters if isinstance(x, tuple)]
         self._export_process: ExportProcessClient | None = None
+        built: list[Exporter] = [x for x in exporters if not isinstance(x, tuple)]
         if remote_specs:
             self._export_process = ExportProcessClient(config, remote_specs, on_death=self._export_process_died)
             stubs = iter(self._export_process.exporters)
-            exporters = [next(stubs) if isinstance(x, tuple) else x for x in exporters]
-        self.exporters = exporters
+            built = [next(stubs) if isinstance(x, tuple) else x for x in exporters]
+        self.exporters = exporters = built
         # a trace backend that is not in the logger list gets the trajectories only (as in verl), not the
         # metrics nor the generations: `_record_targets` names the exporters that get them (None: all)
         self._trace_only: set[str] = set()
@@ -190,7 +191,13 @@ class Handle:
         span.end_as_record()
 
     # -- logging ---------------------------------------------------------------------
-    def log(self, data: Any, step: Any = None, *, exporters: Iterable[str] | None = None) -> None:
+    def log(
+        self,
+        data: Mapping[str, object],
+        step: SupportsInt | str | bytes | None = None,
+        *,
+        exporters: Iterable[str] | None = None,
+    ) -> None:
         """Record `data` (metric name -> scalar) at training step `step`.
 
         Never raises for bad values: non-scalars are skipped with one warning per
@@ -271,8 +278,8 @@ class Handle:
 
     def log_generations(
         self,
-        samples: Iterable[Sequence[Any]],
-        step: Any = None,
+        samples: Iterable[Sequence[object]],
+        step: SupportsInt | str | bytes | None = None,
         limit: int | None = None,
         *,
         exporters: Iterable[str] | None = None,
@@ -297,7 +304,7 @@ class Handle:
                 warn_once("gen-row", "otel-rl: a generation sample is not a sequence (input, output, score); skipped")
                 continue
             try:
-                score_f = float(score) if score is not None else float("nan")
+                score_f = float(cast(SupportsFloat, score)) if score is not None else float("nan")
             except (TypeError, ValueError):
                 score_f = float("nan")
             rows.append(("" if inp is None else str(inp), "" if out is None else str(out), score_f))
@@ -397,7 +404,7 @@ class Handle:
         return self.sampler.select(step, sample_indices, validate)
 
     # -- lifecycle ---------------------------------------------------------------------
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> dict[str, object]:
         p = self._pipeline
         ovf = p._overflow if p else None
         return {
@@ -604,12 +611,12 @@ joining: list[Any] = []
 
 
 def init(
-    config: Any = None,
+    config: Mapping[str, object] | Sequence[str] | None = None,
     *,
     overrides: Sequence[str] | None = None,
-    tokenizer: Any = None,
-    exporters: Any = None,
-    **kwargs: Any,
+    tokenizer: object = None,
+    exporters: str | Exporter | Iterable[str | Exporter] | None = None,
+    **kwargs: object,
 ) -> Handle:
     """Start otel-rl.  Precedence: keyword arguments > `config` (+ `overrides`) > environment > defaults.
 
@@ -619,9 +626,10 @@ def init(
     and the decorators.  A previous handle is shut down first.
     """
     global _atexit_registered
+    settings: dict[str, Any] = kwargs
     given: list[Exporter] = []
-    if "logger" in kwargs and exporters is None:
-        exporters = kwargs.pop("logger")
+    if "logger" in settings and exporters is None:
+        exporters = settings.pop("logger")
     if exporters is not None:
         names: list[str] = []
         for e in [exporters] if isinstance(exporters, (str, Exporter)) else list(exporters):
@@ -630,10 +638,10 @@ def init(
             else:
                 names.append(e)
         if names or not given:
-            kwargs["exporters"] = names
+            settings["exporters"] = names
         elif given:
-            kwargs["exporters"] = []
-    cfg = resolve(config, overrides, **kwargs)
+            settings["exporters"] = []
+    cfg = resolve(config, overrides, **settings)
     given += [cap.joining() for cap in joining if cap not in given]
     # the user's own OpenTelemetry pipeline: a global SDK provider set before init(), not one that a
     # tracker library sets while its exporter starts (_processors); never in the export process

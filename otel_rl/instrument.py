@@ -16,18 +16,20 @@ import time
 from collections.abc import Callable
 from contextvars import Token
 from types import TracebackType
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, SupportsFloat, TypeVar, overload
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace as trace_api
 from opentelemetry.trace import Link, Status, StatusCode
+from opentelemetry.util.types import AttributeValue
 
 from . import _runtime
 from . import semconv as sc
 from ._ops import OFF, SAMPLED, UNSAMPLED, OpMeta, decorator, record_exception
 from ._runtime import STEP, TRAJECTORY
 
-F = TypeVar("F", bound=Callable[..., Any])
+#: a decorated function (or method, staticmethod, classmethod): the decorators give it back with its signature
+F = TypeVar("F", bound=Callable[..., object])
 
 _time_ns = time.time_ns
 _perf = time.perf_counter
@@ -137,7 +139,7 @@ class timer:
 
     __slots__ = ("name", "timing_raw", "_t0", "_span", "_token", "last")
 
-    def __init__(self, name: str, timing_raw: dict | None = None):
+    def __init__(self, name: str, timing_raw: dict[str, float] | None = None):
         self.name = str(name)
         self.timing_raw = timing_raw
         self.last = 0.0
@@ -229,7 +231,7 @@ class TrajectoryState:
     def sampled(self) -> bool:
         return self.mode == SAMPLED
 
-    def set_reward(self, value: Any) -> None:
+    def set_reward(self, value: SupportsFloat | str) -> None:
         try:
             self.reward = float(value)
         except (TypeError, ValueError):
@@ -393,7 +395,11 @@ def _check_kind(kind: str) -> str:
     return k
 
 
-def op(fn: F | None = None, *, name: str | None = None, kind: str = sc.KIND_CHAIN) -> Any:
+@overload
+def op(fn: F, *, name: str | None = None, kind: str = sc.KIND_CHAIN) -> F: ...
+@overload
+def op(fn: None = None, *, name: str | None = None, kind: str = sc.KIND_CHAIN) -> Callable[[F], F]: ...
+def op(fn: F | None = None, *, name: str | None = None, kind: str = sc.KIND_CHAIN) -> F | Callable[[F], F]:
     """Trace a function or method (sync, async, generator, async generator).
 
     The span is named by the function's qualname (or `name`); bound arguments
@@ -409,6 +415,24 @@ def op(fn: F | None = None, *, name: str | None = None, kind: str = sc.KIND_CHAI
     return decorator(fn, lambda f: OpMeta(f, name, k, {sc.RL_SPAN_KIND: k} if k != sc.KIND_CHAIN else {}))
 
 
+@overload
+def generate(
+    fn: F,
+    *,
+    name: str | None = None,
+    model: str | None = None,
+    operation: str = sc.GEN_AI_OP_CHAT,
+    provider: str | None = None,
+) -> F: ...
+@overload
+def generate(
+    fn: None = None,
+    *,
+    name: str | None = None,
+    model: str | None = None,
+    operation: str = sc.GEN_AI_OP_CHAT,
+    provider: str | None = None,
+) -> Callable[[F], F]: ...
 def generate(
     fn: F | None = None,
     *,
@@ -416,7 +440,7 @@ def generate(
     model: str | None = None,
     operation: str = sc.GEN_AI_OP_CHAT,
     provider: str | None = None,
-) -> Any:
+) -> F | Callable[[F], F]:
     """An LLM generation: GenAI-convention span with model and token usage.
 
     Token counts come from the result's ``prompt_ids``/``response_ids`` (keys or
@@ -436,13 +460,29 @@ def generate(
     return decorator(fn, build)
 
 
+@overload
+def tool(
+    fn: F,
+    *,
+    name: str | None = None,
+    call_id_arg: str | tuple[str, ...] = ("tool_call_id", "call_id"),
+    tool_type: str = "function",
+) -> F: ...
+@overload
+def tool(
+    fn: None = None,
+    *,
+    name: str | None = None,
+    call_id_arg: str | tuple[str, ...] = ("tool_call_id", "call_id"),
+    tool_type: str = "function",
+) -> Callable[[F], F]: ...
 def tool(
     fn: F | None = None,
     *,
     name: str | None = None,
     call_id_arg: str | tuple[str, ...] = ("tool_call_id", "call_id"),
     tool_type: str = "function",
-) -> Any:
+) -> F | Callable[[F], F]:
     """A tool call: GenAI-convention ``execute_tool <name>`` span with tool name and call id.
 
     The call id is read from the first bound argument named in `call_id_arg`.
@@ -462,7 +502,7 @@ def tool(
     return decorator(fn, build)
 
 
-def annotate(**attributes: Any) -> None:
+def annotate(**attributes: AttributeValue) -> None:
     """Set attributes on the current span (an op, a trajectory), if one is recording."""
     span = trace_api.get_current_span()
     if span.is_recording():

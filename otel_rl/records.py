@@ -19,15 +19,13 @@ import json
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from . import semconv as sc
 
-try:  # typing only; the SDK is a hard dependency anyway
-    from opentelemetry.sdk.trace import ReadableSpan
-except Exception:  # pragma: no cover
-    ReadableSpan = Any  # type: ignore
+if TYPE_CHECKING:
+    from .exporters.base import Exporter
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,7 +35,7 @@ class RunIdentity:
     run_id: str
 
     @classmethod
-    def from_attributes(cls, attrs: Any) -> RunIdentity:
+    def from_attributes(cls, attrs: Mapping[str, object] | None) -> RunIdentity:
         attrs = attrs or {}
         return cls(
             str(attrs.get(sc.RL_PROJECT_NAME, "")),
@@ -49,7 +47,7 @@ class RunIdentity:
 @dataclasses.dataclass
 class RunStart:
     run: RunIdentity
-    config: dict[str, Any]
+    config: dict[str, object]
     rank: int
     time_ns: int
 
@@ -136,7 +134,7 @@ class Trajectory:
                     break
         return _number(value)
 
-    def rollout_inputs(self) -> dict[str, Any] | None:
+    def rollout_inputs(self) -> dict[str, object] | None:
         """What the trajectory's root shows as its inputs: the prompt, then the rollout's coordinates
         (step, sample_index, rollout_n, validate); None when its root has inputs of its own."""
         if self.root.inputs is not None:
@@ -155,7 +153,7 @@ class Trajectory:
         out[sc.TAG_VALIDATE] = self.validate
         return out
 
-    def rollout_outputs(self) -> dict[str, Any] | None:
+    def rollout_outputs(self) -> dict[str, object] | None:
         """What the trajectory's root shows as its output: the final response and the reward; None when
         its root has an output of its own, or there is neither."""
         if self.root.output is not None:
@@ -462,7 +460,7 @@ def merge_step_metrics(records: Iterable[Record]) -> list[StepMetrics]:
     return list(merged.values())
 
 
-def records_for(exporter: Any, records: Sequence[Record]) -> list[Record]:
+def records_for(exporter: Exporter, records: Sequence[Record]) -> list[Record]:
     """The records of a batch that `exporter` takes (a new list): trajectories only when it wants them."""
     if exporter.wants_trajectories:
         return list(records)

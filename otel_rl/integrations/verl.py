@@ -35,6 +35,7 @@ import threading
 import types
 import uuid
 import warnings
+from collections.abc import Mapping
 from typing import Any
 
 from .. import semconv as sc
@@ -269,11 +270,11 @@ def _prepare_ray() -> None:
     _state.ray_init = (ray, original)
 
 
-def job_runtime_env(runtime_env: Any = None) -> dict[str, Any]:
+def job_runtime_env(runtime_env: Mapping[str, object] | None = None) -> dict[str, object]:
     """`runtime_env` for ``ray.init`` with otel-rl's run id, settings and the worker setup hook."""
     from .ray import worker_env
 
-    out = dict(runtime_env or {})
+    out: dict[str, Any] = dict(runtime_env or {})
     env = dict(out.get("env_vars") or {})
     for k, v in worker_env().items():
         env.setdefault(k, v)  # what the job sets explicitly wins
