@@ -15,7 +15,8 @@ Instrument a trainer once::
 from __future__ import annotations
 
 import os
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from typing import SupportsInt
 
 from ._handle import Handle, __version__, current, init
 from .config import Config, ConfigError
@@ -24,7 +25,7 @@ from .exporters.registry import UnknownExporterError
 from .instrument import annotate, current_step, current_trajectory, generate, op, step, timer, tool, trajectory
 
 
-def log(data: Any, step: Any = None) -> None:
+def log(data: Mapping[str, object], step: SupportsInt | str | bytes | None = None) -> None:
     """`Handle.log` on the current pipeline (a warning, once, when there is none)."""
     h = current()
     if h is None:
@@ -47,13 +48,15 @@ def log(data: Any, step: Any = None) -> None:
     h.log(data, step)
 
 
-def log_generations(samples: Any, step: Any = None, limit: int | None = None) -> None:
+def log_generations(
+    samples: Iterable[Sequence[object]], step: SupportsInt | str | bytes | None = None, limit: int | None = None
+) -> None:
     h = current()
     if h is not None:
         h.log_generations(samples, step, limit)
 
 
-def select_samples(step: int | None, sample_indices: Any, validate: bool = False) -> set[int]:
+def select_samples(step: int | None, sample_indices: Iterable[int], validate: bool = False) -> set[int]:
     h = current()
     return set(sample_indices) if h is None else h.select_samples(step, sample_indices, validate)
 

@@ -395,7 +395,7 @@ class DeliveryQueue:
                 with self._cond:
                     self._cond.wait(gather_wait)
                 continue
-            if frame is not None:
+            if frame is not None and disk is not None:
                 batch = disk.read(frame)
                 if batch is None:  # cannot be decoded: skipped (counted)
                     with self._io:
@@ -418,7 +418,7 @@ class DeliveryQueue:
                 self._cond.notify_all()  # idle: wake wait_idle()
                 dirty = disk is not None and disk.dirty
                 self._cond.wait(SYNC_INTERVAL_S if dirty else None)
-            if dirty:
+            if dirty and disk is not None:
                 with self._io:
                     if disk.dirty:
                         disk.sync()
@@ -426,13 +426,16 @@ class DeliveryQueue:
     def _prepare_gathered(self) -> bool:
         """The exporter's `prepare` for the memory batches that have not had it (while they gather);
         whether there were any.  A failing `prepare` only costs its time: the delivery does the work."""
+        prepare = self._prepare
+        if prepare is None:
+            return False
         with self._cond:
             todo = [e for e in self._mem if not e.prepared and e.records]
             for e in todo:
                 e.prepared = True
         for e in todo:
             try:
-                self._prepare(e.records)
+                prepare(e.records)
             except Exception:
                 _log.debug("otel-rl: exporter %r: prepare failed", self.name, exc_info=True)
         return bool(todo)

@@ -115,7 +115,7 @@ def install(on_signal: Callable[[], None], handle_sigterm: bool = True) -> None:
     _installed = True
     on_uncaught_exception(_uncaught)
     _original_exit = sys.exit
-    sys.exit = _exit  # type: ignore[assignment]
+    sys.exit = _exit
     if not handle_sigterm or threading.current_thread() is not threading.main_thread():
         return
     try:

@@ -8,8 +8,9 @@ import os
 import re
 import threading
 import time
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from types import TracebackType
+from typing import Any, SupportsFloat, SupportsInt, cast
 
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.resources import Resource
@@ -54,21 +55,25 @@ _init_lock = threading.Lock()
 class Handle:
     """A running otel-rl pipeline.  Use as a context manager or call `shutdown()`."""
 
+    #: a later `init()` replaces this pipeline without a warning (the test kit's capture sets it)
+    replaced_quietly = False
+
     def __init__(
         self,
         config: Config,
-        exporters: list[Any],
-        tokenizer: Any = None,
-        global_providers: tuple[Any, Any] = (None, None),
+        exporters: Sequence[Exporter | tuple[str, str, type, bool]],
+        tokenizer: object = None,
+        global_providers: tuple[TracerProvider | None, MeterProvider | None] = (None, None),
     ):
         self.config = config
         remote_specs = [x[1:] for x in exporters if isinstance(x, tuple)]
         self._export_process: ExportProcessClient | None = None
+        built: list[Exporter] = [x for x in exporters if not isinstance(x, tuple)]
         if remote_specs:
             self._export_process = ExportProcessClient(config, remote_specs, on_death=self._export_process_died)
             stubs = iter(self._export_process.exporters)
-            exporters = [next(stubs) if isinstance(x, tuple) else x for x in exporters]
-        self.exporters = exporters
+            built = [next(stubs) if isinstance(x, tuple) else x for x in exporters]
+        self.exporters = exporters = built
         # a trace backend that is not in the logger list gets the trajectories only (as in verl), not the
         # metrics nor the generations: `_record_targets` names the exporters that get them (None: all)
         self._trace_only: set[str] = set()
@@ -107,14 +112,16 @@ class Handle:
         readers = [r for e in exporters for r in e.metric_readers()]
         self.meter_provider = MeterProvider(resource=self.resource, metric_readers=readers, views=views())
         scope = InstrumentationScope("otel_rl", __version__)
-        self._pipeline: Pipeline | None = None
+        self._pipeline: Pipeline  # (assigned below: until then the instruments' callback sees no queues)
         glob_tp, glob_mp = global_providers if cfg.feed_global_provider else (None, None)
         self.others = OtherProcessors(glob_tp)
         # without a metric reader nobody reads the instruments: do not pay for updating them
         meters = [self.meter_provider.get_meter("otel_rl", __version__)] if readers else []
         if glob_mp is not None:
             meters.append(glob_mp.get_meter("otel_rl", __version__))
-        instruments = Instruments.on(meters, self.identity, lambda: self._pipeline.queues if self._pipeline else [])
+        instruments = Instruments.on(
+            meters, self.identity, lambda: self._pipeline.queues if hasattr(self, "_pipeline") else []
+        )
         self._pipeline = Pipeline(
             cfg,
             self.resource,
@@ -186,7 +193,13 @@ class Handle:
         self.light.start(sc.SPAN_RUN, None, {sc.RL_RUN_CONFIG: text, sc.RL_SPAN_KIND: sc.KIND_METRICS}).end()
 
     # -- logging ---------------------------------------------------------------------
-    def log(self, data: Any, step: Any = None, *, exporters: Iterable[str] | None = None) -> None:
+    def log(
+        self,
+        data: Mapping[str, object],
+        step: SupportsInt | str | bytes | None = None,
+        *,
+        exporters: Iterable[str] | None = None,
+    ) -> None:
         """Record `data` (metric name -> scalar) at training step `step`.
 
         Never raises for bad values: non-scalars are skipped with one warning per
@@ -267,8 +280,8 @@ class Handle:
 
     def log_generations(
         self,
-        samples: Iterable[Sequence[Any]],
-        step: Any = None,
+        samples: Iterable[Sequence[object]],
+        step: SupportsInt | str | bytes | None = None,
         limit: int | None = None,
         *,
         exporters: Iterable[str] | None = None,
@@ -293,7 +306,7 @@ class Handle:
                 warn_once("gen-row", "otel-rl: a generation sample is not a sequence (input, output, score); skipped")
                 continue
             try:
-                score_f = float(score) if score is not None else float("nan")
+                score_f = float(cast(SupportsFloat, score)) if score is not None else float("nan")
             except (TypeError, ValueError):
                 score_f = float("nan")
             rows.append(("" if inp is None else str(inp), "" if out is None else str(out), score_f))
@@ -393,7 +406,7 @@ class Handle:
         return self.sampler.select(step, sample_indices, validate)
 
     # -- lifecycle ---------------------------------------------------------------------
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> dict[str, object]:
         p = self._pipeline
         ovf = p._overflow if p else None
         return {
@@ -504,7 +517,7 @@ class Handle:
     def __enter__(self) -> Handle:
         return self
 
-    def __exit__(self, et: Any, ev: Any, tb: Any) -> None:
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
         # an exception leaving the block ends the runs as failed (as MLflow's `with start_run()` does)
         self._shutdown(None, _exit.outcome_of(et, ev, tb) or _exit.outcome())
 
@@ -514,12 +527,12 @@ joining: list[Any] = []
 
 
 def init(
-    config: Any = None,
+    config: Mapping[str, object] | Sequence[str] | None = None,
     *,
     overrides: Sequence[str] | None = None,
-    tokenizer: Any = None,
-    exporters: Any = None,
-    **kwargs: Any,
+    tokenizer: object = None,
+    exporters: str | Exporter | Iterable[str | Exporter] | None = None,
+    **kwargs: object,
 ) -> Handle:
     """Start otel-rl.  Precedence: keyword arguments > `config` (+ `overrides`) > environment > defaults.
 
@@ -529,18 +542,22 @@ def init(
     and the decorators.  A previous handle is shut down first.
     """
     global _atexit_registered
+    settings: dict[str, Any] = kwargs
     given: list[Exporter] = []
-    if "logger" in kwargs and exporters is None:
-        exporters = kwargs.pop("logger")
+    if "logger" in settings and exporters is None:
+        exporters = settings.pop("logger")
     if exporters is not None:
-        names = []
+        names: list[str] = []
         for e in [exporters] if isinstance(exporters, (str, Exporter)) else list(exporters):
-            (given if isinstance(e, Exporter) else names).append(e)
+            if isinstance(e, Exporter):
+                given.append(e)
+            else:
+                names.append(e)
         if names or not given:
-            kwargs["exporters"] = names
+            settings["exporters"] = names
         elif given:
-            kwargs["exporters"] = []
-    cfg = resolve(config, overrides, **kwargs)
+            settings["exporters"] = []
+    cfg = resolve(config, overrides, **settings)
     given += [cap.joining() for cap in joining if cap not in given]
     # the user's own OpenTelemetry pipeline: a global SDK provider set before init(), not one that a
     # tracker library sets while its exporter starts (_processors); never in the export process

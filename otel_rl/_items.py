@@ -16,6 +16,7 @@ from typing import Any
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext
+from opentelemetry.util.types import AttributeValue
 
 from . import semconv as sc
 from ._lightspan import LightSpan, ended_span
@@ -114,7 +115,7 @@ def generations_span(
     item: GenerationsItem, context: SpanContext, resource: Resource, scope: InstrumentationScope
 ) -> LightSpan:
     """The `rl.generations` span of a `log_generations()` call."""
-    attrs = {
+    attrs: dict[str, AttributeValue] = {
         sc.RL_STEP: item.step,
         sc.RL_SPAN_KIND: sc.KIND_METRICS,
         sc.RL_GENERATIONS_INPUTS: tuple(r[0] for r in item.rows),

@@ -28,6 +28,7 @@ import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from opentelemetry import attributes as _otel_attributes
 from opentelemetry import trace as trace_api
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan, SpanLimits
@@ -38,14 +39,10 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode,
 from ._values import warn_once
 from .serialize import DEFAULT_MAX_CHARS, materialize
 
-try:  # OpenTelemetry's own attribute check (drops invalid values with a warning)
-    from opentelemetry.attributes import _clean_attribute
-except ImportError:  # its later versions: one check for the value, the key checked here
-    _clean_attribute = None
-try:
-    from opentelemetry.attributes import _clean_attribute_value
-except ImportError:  # pragma: no cover - the versions before it have _clean_attribute
-    _clean_attribute_value = None
+# OpenTelemetry's own attribute check (drops invalid values with a warning); its later versions have one check
+# for the value (the key checked here), the earlier ones the first
+_clean_attribute = getattr(_otel_attributes, "_clean_attribute", None)
+_clean_attribute_value = getattr(_otel_attributes, "_clean_attribute_value", None)
 
 _log = logging.getLogger("otel_rl")
 _time_ns = time.time_ns

@@ -285,8 +285,8 @@ def _wrap_gen(fn: Callable, meta: OpMeta) -> Callable:
                 token = otel_context.attach(ctx)  # the span is current only while the body runs
                 try:
                     if throw_exc is not None:
-                        exc, throw_exc = throw_exc, None
-                        item = gen.throw(exc)
+                        thrown, throw_exc = throw_exc, None
+                        item = gen.throw(thrown)
                     else:
                         item = gen.send(send_value)
                 except StopIteration as stop:
@@ -346,8 +346,8 @@ def _wrap_asyncgen(fn: Callable, meta: OpMeta) -> Callable:
                 token = otel_context.attach(ctx)
                 try:
                     if throw_exc is not None:
-                        exc, throw_exc = throw_exc, None
-                        item = await agen.athrow(exc)
+                        thrown, throw_exc = throw_exc, None
+                        item = await agen.athrow(thrown)
                     else:
                         item = await agen.asend(send_value)
                 except StopAsyncIteration:

@@ -95,10 +95,11 @@ class Overflow:
         """The oldest records (a frame of the file, else the in-memory chunk; [] when empty), and whether
         nothing is left after them."""
         with self._lock:
-            if self._frames:
+            fd = self._fd
+            if self._frames and fd is not None:  # (frames are only ever written to an open file)
                 off, n = self._frames.popleft()
-                (size,) = _LEN.unpack(os.pread(self._fd, _LEN.size, off))
-                data = os.pread(self._fd, size, off + _LEN.size)
+                (size,) = _LEN.unpack(os.pread(fd, _LEN.size, off))
+                data = os.pread(fd, size, off + _LEN.size)
                 out = pickle.loads(data)
                 self._read_off = off + _LEN.size + size
             else:
@@ -113,7 +114,8 @@ class Overflow:
 
     def _reset_file(self) -> None:
         try:
-            os.ftruncate(self._fd, 0)
+            if self._fd is not None:
+                os.ftruncate(self._fd, 0)
         except OSError:
             pass
         self._read_off = self._write_off = 0

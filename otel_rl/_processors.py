@@ -64,7 +64,7 @@ def global_sdk_providers(tracker_modules: Iterable[str] = ()) -> tuple[Any, SdkM
     mp = metrics_api.get_meter_provider()
     sdk_tp = _sdk(tp, SdkTracerProvider)
     if sdk_tp is None or _installed_by_tracker(sdk_tp, tracker_modules):
-        tp = None
+        return None, _sdk(mp, SdkMeterProvider)
     return tp, _sdk(mp, SdkMeterProvider)
 
 

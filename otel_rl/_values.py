@@ -41,7 +41,7 @@ def _is_tensor(value: object) -> bool:
     return mod.startswith("torch") and hasattr(value, "dim") and hasattr(value, "detach")
 
 
-def _scalar_from_numpy(value: object):
+def _scalar_from_numpy(value: object) -> bool | int | float | None:
     """numpy scalar or 0-d array -> python scalar, or None for anything else.
 
     A float32 value becomes the float of its shortest decimal text (``np.float32(0.1)`` -> ``0.1``, not
@@ -88,7 +88,7 @@ def coerce_metrics(data: object) -> tuple[dict[str, float | int | bool], list[st
     if not hasattr(data, "items"):
         raise TypeError(f"log() expects a mapping of metric name to value, got {type(data).__name__}")
     tensors: list[tuple[str, object]] | None = None
-    for key, value in data.items():  # type: ignore[union-attr]
+    for key, value in data.items():
         if type(key) is not str:
             key = str(key)
         tp = type(value)
@@ -98,7 +98,7 @@ def coerce_metrics(data: object) -> tuple[dict[str, float | int | bool], list[st
         known = _KNOWN_TYPES.get(tp)
         if known is _TENSOR:  # same as the tensor branch below, without re-deciding the type
             try:
-                if value.dim() == 0 and value.numel() == 1:  # type: ignore[attr-defined]
+                if value.dim() == 0 and value.numel() == 1:
                     if tensors is None:
                         tensors = []
                     tensors.append((key, value))
@@ -133,7 +133,7 @@ def coerce_metrics(data: object) -> tuple[dict[str, float | int | bool], list[st
             elif _is_tensor(value):
                 _KNOWN_TYPES[tp] = _TENSOR
                 try:
-                    if value.dim() == 0 and value.numel() == 1:  # type: ignore[attr-defined]
+                    if value.dim() == 0 and value.numel() == 1:
                         if tensors is None:
                             tensors = []
                         tensors.append((key, value))

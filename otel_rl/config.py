@@ -18,6 +18,8 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from opentelemetry.util.types import AttributeValue
+
 from . import semconv
 from .dotlist import ConfigError, apply_dotlist, get_path, parse_value, to_plain
 
@@ -77,8 +79,8 @@ class Config:
     set_global_provider: bool = False
     feed_global_provider: bool = True  # a global SDK provider set up by the user gets otel-rl's spans and metrics
     disabled: bool = False
-    resource_attributes: dict[str, Any] = dataclasses.field(default_factory=dict)
-    verl_config: dict[str, Any] = dataclasses.field(default_factory=dict)  # the full config, for run start
+    resource_attributes: dict[str, AttributeValue] = dataclasses.field(default_factory=dict)
+    verl_config: dict[str, object] = dataclasses.field(default_factory=dict)  # the full config, for run start
 
     def exporter_names(self) -> list[str]:
         names = list(self.exporters)

@@ -212,9 +212,10 @@ def _delete(cfg: dict, key: str) -> None:
     parts = key.split(".")
     node = cfg
     for p in parts[:-1]:
-        node = node.get(p)
-        if not isinstance(node, dict):
+        child = node.get(p)
+        if not isinstance(child, dict):
             return
+        node = child
     node.pop(parts[-1], None)
 
 

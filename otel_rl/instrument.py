@@ -14,18 +14,22 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from contextvars import Token
+from types import TracebackType
+from typing import Any, Literal, SupportsFloat, TypeVar, overload
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace as trace_api
 from opentelemetry.trace import Link, Status, StatusCode
+from opentelemetry.util.types import AttributeValue
 
 from . import _runtime
 from . import semconv as sc
 from ._ops import OFF, SAMPLED, UNSAMPLED, OpMeta, decorator, record_exception
 from ._runtime import STEP, TRAJECTORY
 
-F = TypeVar("F", bound=Callable[..., Any])
+#: a decorated function (or method, staticmethod, classmethod): the decorators give it back with its signature
+F = TypeVar("F", bound=Callable[..., object])
 
 _time_ns = time.time_ns
 _perf = time.perf_counter
@@ -70,6 +74,8 @@ def current_step() -> int | None:
 
 class _StepState:
     __slots__ = ("n", "span", "span_context", "timings", "var_token", "ctx_token")
+    var_token: Token[Any]
+    ctx_token: Token[otel_context.Context]
 
     def __init__(self, n: int):
         self.n = n
@@ -101,7 +107,9 @@ class step:
         st.var_token = STEP.set(st)
         return st
 
-    def __exit__(self, et: Any, ev: BaseException | None, tb: Any) -> bool:
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> Literal[False]:
         st = self._st
         if st.timings and _runtime.active.handle is not None and (ev is None or isinstance(ev, Exception)):
             _runtime.active.handle.log(dict(st.timings), step=st.n)  # while the step is current: parented to its span
@@ -116,7 +124,9 @@ class step:
     async def __aenter__(self) -> _StepState:
         return self.__enter__()
 
-    async def __aexit__(self, et: Any, ev: Any, tb: Any) -> bool:
+    async def __aexit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> Literal[False]:
         return self.__exit__(et, ev, tb)
 
 
@@ -129,7 +139,7 @@ class timer:
 
     __slots__ = ("name", "timing_raw", "_t0", "_span", "_token", "last")
 
-    def __init__(self, name: str, timing_raw: dict | None = None):
+    def __init__(self, name: str, timing_raw: dict[str, float] | None = None):
         self.name = str(name)
         self.timing_raw = timing_raw
         self.last = 0.0
@@ -144,7 +154,9 @@ class timer:
         self._t0 = _perf()
         return self
 
-    def __exit__(self, et: Any, ev: BaseException | None, tb: Any) -> bool:
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> Literal[False]:
         dt = self.last = _perf() - self._t0
         if self._span is not None:
             otel_context.detach(self._token)
@@ -162,7 +174,9 @@ class timer:
     async def __aenter__(self) -> timer:
         return self.__enter__()
 
-    async def __aexit__(self, et: Any, ev: Any, tb: Any) -> bool:
+    async def __aexit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> Literal[False]:
         return self.__exit__(et, ev, tb)
 
 
@@ -188,6 +202,10 @@ class TrajectoryState:
         "reward",
         "runtime",
     )
+    t0: int
+    var_token: Token[Any]
+    ctx_token: Token[otel_context.Context]
+    runtime: _runtime.Runtime
 
     def __init__(
         self,
@@ -213,7 +231,7 @@ class TrajectoryState:
     def sampled(self) -> bool:
         return self.mode == SAMPLED
 
-    def set_reward(self, value: Any) -> None:
+    def set_reward(self, value: SupportsFloat | str) -> None:
         try:
             self.reward = float(value)
         except (TypeError, ValueError):
@@ -313,7 +331,9 @@ class trajectory:
         st.var_token = TRAJECTORY.set(st)
         return st
 
-    def __exit__(self, et: Any, ev: BaseException | None, tb: Any) -> bool:
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> Literal[False]:
         st = self._st
         TRAJECTORY.reset(st.var_token)
         if st.mode == SAMPLED:
@@ -333,7 +353,9 @@ class trajectory:
     async def __aenter__(self) -> TrajectoryState:
         return self.__enter__()
 
-    async def __aexit__(self, et: Any, ev: Any, tb: Any) -> bool:
+    async def __aexit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> Literal[False]:
         return self.__exit__(et, ev, tb)
 
 
@@ -373,7 +395,11 @@ def _check_kind(kind: str) -> str:
     return k
 
 
-def op(fn: F | None = None, *, name: str | None = None, kind: str = sc.KIND_CHAIN) -> Any:
+@overload
+def op(fn: F, *, name: str | None = None, kind: str = sc.KIND_CHAIN) -> F: ...
+@overload
+def op(fn: None = None, *, name: str | None = None, kind: str = sc.KIND_CHAIN) -> Callable[[F], F]: ...
+def op(fn: F | None = None, *, name: str | None = None, kind: str = sc.KIND_CHAIN) -> F | Callable[[F], F]:
     """Trace a function or method (sync, async, generator, async generator).
 
     The span is named by the function's qualname (or `name`); bound arguments
@@ -389,6 +415,24 @@ def op(fn: F | None = None, *, name: str | None = None, kind: str = sc.KIND_CHAI
     return decorator(fn, lambda f: OpMeta(f, name, k, {sc.RL_SPAN_KIND: k} if k != sc.KIND_CHAIN else {}))
 
 
+@overload
+def generate(
+    fn: F,
+    *,
+    name: str | None = None,
+    model: str | None = None,
+    operation: str = sc.GEN_AI_OP_CHAT,
+    provider: str | None = None,
+) -> F: ...
+@overload
+def generate(
+    fn: None = None,
+    *,
+    name: str | None = None,
+    model: str | None = None,
+    operation: str = sc.GEN_AI_OP_CHAT,
+    provider: str | None = None,
+) -> Callable[[F], F]: ...
 def generate(
     fn: F | None = None,
     *,
@@ -396,7 +440,7 @@ def generate(
     model: str | None = None,
     operation: str = sc.GEN_AI_OP_CHAT,
     provider: str | None = None,
-) -> Any:
+) -> F | Callable[[F], F]:
     """An LLM generation: GenAI-convention span with model and token usage.
 
     Token counts come from the result's ``prompt_ids``/``response_ids`` (keys or
@@ -416,13 +460,29 @@ def generate(
     return decorator(fn, build)
 
 
+@overload
+def tool(
+    fn: F,
+    *,
+    name: str | None = None,
+    call_id_arg: str | tuple[str, ...] = ("tool_call_id", "call_id"),
+    tool_type: str = "function",
+) -> F: ...
+@overload
+def tool(
+    fn: None = None,
+    *,
+    name: str | None = None,
+    call_id_arg: str | tuple[str, ...] = ("tool_call_id", "call_id"),
+    tool_type: str = "function",
+) -> Callable[[F], F]: ...
 def tool(
     fn: F | None = None,
     *,
     name: str | None = None,
     call_id_arg: str | tuple[str, ...] = ("tool_call_id", "call_id"),
     tool_type: str = "function",
-) -> Any:
+) -> F | Callable[[F], F]:
     """A tool call: GenAI-convention ``execute_tool <name>`` span with tool name and call id.
 
     The call id is read from the first bound argument named in `call_id_arg`.
@@ -442,7 +502,7 @@ def tool(
     return decorator(fn, build)
 
 
-def annotate(**attributes: Any) -> None:
+def annotate(**attributes: AttributeValue) -> None:
     """Set attributes on the current span (an op, a trajectory), if one is recording."""
     span = trace_api.get_current_span()
     if span.is_recording():

@@ -92,7 +92,12 @@ def decide(rows: list[TraceRow], policy: TracePolicy, running: bool) -> tuple[li
             keep("newer than the date")
         elif policy.keep_last_steps is not None and r.step is None:
             keep("no step")
-        elif policy.keep_last_steps is not None and newest is not None and r.step > newest - policy.keep_last_steps:
+        elif (
+            policy.keep_last_steps is not None
+            and newest is not None
+            and r.step is not None
+            and r.step > newest - policy.keep_last_steps
+        ):
             keep(f"newest {policy.keep_last_steps} steps")
         else:
             gone.append(r)

@@ -20,15 +20,15 @@ import json
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, KeysView, Sequence
-from typing import Any
+from collections.abc import Iterable, KeysView, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from . import semconv as sc
 
-try:  # typing only; the SDK is a hard dependency anyway
+if TYPE_CHECKING:
     from opentelemetry.sdk.trace import ReadableSpan
-except Exception:  # pragma: no cover
-    ReadableSpan = Any  # type: ignore
+
+    from .exporters.base import Exporter
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,7 +38,7 @@ class RunIdentity:
     run_id: str
 
     @classmethod
-    def from_attributes(cls, attrs: Any) -> RunIdentity:
+    def from_attributes(cls, attrs: Mapping[str, object] | None) -> RunIdentity:
         attrs = attrs or {}
         return cls(
             str(attrs.get(sc.RL_PROJECT_NAME, "")),
@@ -50,7 +50,7 @@ class RunIdentity:
 @dataclasses.dataclass
 class RunStart:
     run: RunIdentity
-    config: dict[str, Any]
+    config: dict[str, object]
     rank: int
     time_ns: int
 
@@ -137,7 +137,7 @@ class Trajectory:
                     break
         return _number(value)
 
-    def rollout_inputs(self) -> dict[str, Any] | None:
+    def rollout_inputs(self) -> dict[str, object] | None:
         """What the trajectory's root shows as its inputs: the prompt, then the rollout's coordinates
         (step, sample_index, rollout_n, validate); None when its root has inputs of its own."""
         if self.root.inputs is not None:
@@ -156,7 +156,7 @@ class Trajectory:
         out[sc.TAG_VALIDATE] = self.validate
         return out
 
-    def rollout_outputs(self) -> dict[str, Any] | None:
+    def rollout_outputs(self) -> dict[str, object] | None:
         """What the trajectory's root shows as its output: the final response and the reward; None when
         its root has an output of its own, or there is neither."""
         if self.root.output is not None:
@@ -399,13 +399,13 @@ class RecordBuilder:
                 continue
             if attrs.get(sc.RL_SPAN_KIND) == sc.KIND_TIMER:
                 continue
-            group = self._pending.get(tid)
-            if group is None:
-                group = self._pending[tid] = []
+            held = self._pending.get(tid)
+            if held is None:
+                held = self._pending[tid] = []
                 while len(self._pending) > self._max_pending:
                     _, old = self._pending.popitem(last=False)
                     out.extend(self._partial(old))
-            group.append(span)
+            held.append(span)
         return out
 
     def pending(self) -> list[list[Any]]:
@@ -466,7 +466,7 @@ def merge_step_metrics(records: Iterable[Record]) -> list[StepMetrics]:
     return list(merged.values())
 
 
-def records_for(exporter: Any, records: Sequence[Record]) -> list[Record]:
+def records_for(exporter: Exporter, records: Sequence[Record]) -> list[Record]:
     """The records of a batch that `exporter` takes (a new list): trajectories only when it wants them."""
     if exporter.wants_trajectories:
         return list(records)

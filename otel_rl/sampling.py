@@ -51,7 +51,7 @@ class Sampler:
         self._lock = threading.Lock()
         # (step, validate) -> chosen set (registered) or admitted set (fallback)
         self._plans: OrderedDict[tuple, set[int]] = OrderedDict()
-        self._admitted: OrderedDict[tuple, set[int]] = OrderedDict()
+        self._admitted: OrderedDict[tuple, set[int | None]] = OrderedDict()
 
     def select(self, step: int | None, sample_indices: Iterable[int], validate: bool = False) -> set[int]:
         """Register a step's candidates; returns the chosen sample indices."""

@@ -19,7 +19,7 @@ import os
 import pickle
 import sys
 import threading
-from typing import Any
+from typing import Any, cast
 
 from . import semconv as sc
 
@@ -125,12 +125,9 @@ def _sanitize(obj: Any, seen: set[int], depth: int) -> Any:
         seen.discard(oid)
 
 
-try:  # the C encoder that json.dumps builds on every call, built once here
-    from json.encoder import c_make_encoder as _c_make_encoder
-    from json.encoder import encode_basestring as _encode_basestring
-except ImportError:  # pragma: no cover - interpreters without the C accelerator
-    _c_make_encoder = None
-    _encode_basestring = None
+# the C encoder that json.dumps builds on every call, built once here (None: interpreters without the C accelerator)
+_c_make_encoder: Any = getattr(json.encoder, "c_make_encoder", None)
+_encode_basestring = json.encoder.encode_basestring
 
 # Without a circular-reference map (`markers=None`): the encoder then keeps no state between or
 # during calls, so one instance serves every thread; and a value that contains itself, which the
@@ -282,7 +279,7 @@ def snapshot(obj: Any, max_chars: int = DEFAULT_MAX_CHARS) -> tuple[str | bytes,
 def json_text(value: str | bytes, max_chars: int = DEFAULT_MAX_CHARS) -> tuple[str, bool]:
     """The JSON text of a `snapshot` (what `to_json` gives for the value it copied): (text, truncated)."""
     if type(value) is not bytes:
-        return value, False
+        return cast(str, value), False
     try:
         obj = _ploads(value)
     except Exception as exc:  # pragma: no cover - a copy made by `snapshot` always loads

@@ -21,10 +21,20 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, TypeVar
+
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader, MetricReader
+from opentelemetry.sdk.trace import ReadableSpan
 
 from .exporters.base import Exporter
-from .records import Generations, RunStart, SpanNode, StepMetrics, Trajectory, merge_step_metrics
+from .records import Generations, Record, RunStart, SpanNode, StepMetrics, Trajectory, merge_step_metrics
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.metrics.export import DataPointT
+
+    from ._handle import Handle
+
+R = TypeVar("R", RunStart, StepMetrics, Generations, Trajectory)
 
 
 class CaptureExporter(Exporter):
@@ -33,14 +43,12 @@ class CaptureExporter(Exporter):
     wants_spans = True
     wants_trajectories = True
 
-    def __init__(self, config: Any = None):
-        from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-
+    def __init__(self, config: object = None):
         self._lock = threading.Lock()
-        self.records: list[Any] = []
-        self.spans: list[Any] = []
+        self.records: list[Record] = []
+        self.spans: list[ReadableSpan] = []
         self.metric_reader = InMemoryMetricReader()
-        self.handle: Any = None
+        self.handle: Handle | None = None
         self._readers = [self.metric_reader]
 
     def joining(self) -> CaptureExporter:
@@ -53,15 +61,15 @@ class CaptureExporter(Exporter):
         return other
 
     # exporter side
-    def export_records(self, records: Sequence[Any]) -> None:
+    def export_records(self, records: Sequence[Record]) -> None:
         with self._lock:
             self.records.extend(records)
 
-    def export_spans(self, spans: Sequence[Any]) -> None:
+    def export_spans(self, spans: Sequence[ReadableSpan]) -> None:
         with self._lock:
             self.spans.extend(spans)
 
-    def metric_readers(self) -> list[Any]:
+    def metric_readers(self) -> list[MetricReader]:
         return [self.metric_reader]
 
     # query side
@@ -76,18 +84,18 @@ class CaptureExporter(Exporter):
             h.flush(timeout_s)
         return self
 
-    def of_type(self, cls: type) -> list[Any]:
+    def of_type(self, cls: type[R]) -> list[R]:
         with self._lock:
             return [r for r in self.records if isinstance(r, cls)]
 
     def step_metrics(self) -> list[StepMetrics]:
         return self.of_type(StepMetrics)
 
-    def metrics_by_step(self) -> dict[int, dict[str, Any]]:
+    def metrics_by_step(self) -> dict[int, dict[str, float | int | bool]]:
         """{step: {key: value}}, all log() calls of a step merged (later wins)."""
         return {m.step: m.values for m in merge_step_metrics(self.step_metrics())}
 
-    def metric_series(self, key: str) -> list[tuple[int, Any]]:
+    def metric_series(self, key: str) -> list[tuple[int, float | int | bool]]:
         return [(m.step, m.values[key]) for m in self.step_metrics() if key in m.values]
 
     def run_starts(self) -> list[RunStart]:
@@ -108,7 +116,7 @@ class CaptureExporter(Exporter):
             out = [t for t in out if t.validate == validate]
         return out
 
-    def spans_named(self, name: str) -> list[Any]:
+    def spans_named(self, name: str) -> list[ReadableSpan]:
         with self._lock:
             return [s for s in self.spans if s.name == name]
 
@@ -118,9 +126,9 @@ class CaptureExporter(Exporter):
                 return t.root
         return None
 
-    def metric_points(self, name: str) -> list[Any]:
+    def metric_points(self, name: str) -> list[DataPointT]:
         """Data points of one OTel instrument (e.g. ``rl.train.actor/pg_loss``)."""
-        out = []
+        out: list[DataPointT] = []
         for reader in self._readers:
             try:
                 data = reader.get_metrics_data()

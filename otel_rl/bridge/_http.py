@@ -132,6 +132,7 @@ def _handshake(sock: ssl.SSLSocket, seconds: float) -> None:
     deadline = time.monotonic() + seconds
     timeout = sock.gettimeout()
     sock.setblocking(False)
+    want: tuple[list[socket.socket], list[socket.socket]]
     try:
         while True:
             try:
@@ -156,11 +157,12 @@ class _Handler(BaseHTTPRequestHandler):
     error_content_type = "text/plain; charset=utf-8"
     error_message_format = "%(code)d %(message)s\n"
     server: _Server
+    rfile: io.BufferedReader  # (ours, made in setup)
 
     # -- connection ----------------------------------------------------------------------
     def setup(self) -> None:
         settings = self.server.settings
-        self.timeout = settings.idle_timeout_s
+        self.timeout = settings.idle_timeout_s  # type: ignore[misc]  # typeshed: a ClassVar; socketserver reads it per instance
         self.request.settimeout(self.timeout)
         if isinstance(self.request, ssl.SSLSocket):
             _handshake(self.request, min(settings.idle_timeout_s, settings.request_timeout_s))

@@ -251,8 +251,9 @@ def settings_from_args(args: Any) -> Settings:
 _BRIDGE_PACKAGES = ("grpc", "google.protobuf", "opentelemetry.proto")
 
 
-def _install_hint(exc: BaseException) -> str:
+def _install_hint(error: BaseException) -> str:
     """The command that installs a receiver package the bridge could not import, else ''."""
+    exc: BaseException | None = error
     while exc is not None:
         name = getattr(exc, "name", None) if isinstance(exc, ImportError) else None
         if name and any(name == p or name.startswith(p + ".") for p in _BRIDGE_PACKAGES):

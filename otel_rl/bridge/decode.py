@@ -98,7 +98,7 @@ _SCALARS = {
 def any_value(v: Any) -> Any:
     """An OTLP AnyValue as the Python value the SDK keeps (arrays as tuples, maps as dicts)."""
     which = v.WhichOneof("value")
-    get = _SCALARS.get(which)  # type: ignore[arg-type]
+    get = _SCALARS.get(which)
     if get is not None:
         return get(v)
     if which == "array_value":
@@ -117,14 +117,14 @@ def _array(values: Any) -> tuple:
     # arrays are nearly always of one type (log() sends its metrics as arrays of doubles): read them with
     # C-level loops when every element holds the same scalar
     whiches = list(map(_WHICH, values))
-    get = _SCALARS.get(whiches[0])  # type: ignore[arg-type]
+    get = _SCALARS.get(whiches[0])
     if get is not None and whiches.count(whiches[0]) == len(whiches):
         return tuple(map(get, values))
     out: list[Any] = []
     append = out.append
     scalars = _SCALARS
     for x, which in zip(values, whiches):
-        get = scalars.get(which)  # type: ignore[arg-type]
+        get = scalars.get(which)
         append(get(x) if get is not None else any_value(x))
     return tuple(out)
 
@@ -136,7 +136,7 @@ def attributes(kvs: Iterable[Any]) -> dict[str, Any]:
     for kv in kvs:
         v = kv.value
         which = v.WhichOneof("value")
-        get = scalars.get(which)  # type: ignore[arg-type]
+        get = scalars.get(which)
         out[kv.key] = get(v) if get is not None else any_value(v)
     return out
 
@@ -289,7 +289,7 @@ _new_tuple = tuple.__new__
 def _valid_context(trace_id: int, span_id: int, remote: bool, flags: TraceFlags, state: TraceState) -> SpanContext:
     """A SpanContext whose ids are already checked (16 and 8 bytes, not all zero), so valid: built
     without SpanContext.__new__'s range checks (it is a tuple; this is the tuple that would make)."""
-    return _new_tuple(SpanContext, (trace_id, span_id, remote, flags, state, True))  # type: ignore[no-any-return]
+    return _new_tuple(SpanContext, (trace_id, span_id, remote, flags, state, True))
 
 
 def spans_from_request(req: Any, out: DecodedTraces | None = None, cache: _Cache | None = None) -> DecodedTraces:

@@ -41,8 +41,8 @@ import functools
 import inspect
 import logging
 import warnings
-from collections.abc import Iterator
-from typing import Any, Optional
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Optional, SupportsInt, TypeVar, cast
 
 from .._handle import Handle, current, init
 from .._values import warn_once
@@ -59,6 +59,9 @@ __all__ = [
     "rollout_trace_attr",
     "rollout_trace_op",
 ]
+
+#: a method `rollout_trace_op` decorates: given back with its signature
+F = TypeVar("F", bound=Callable[..., object])
 
 # verl's logger names that otel-rl serves, then otel-rl's own exporters (usable in trainer.logger too)
 VERL_BACKENDS = ["wandb", "mlflow", "swanlab", "tensorboard", "console", "clearml", "trackio", "file"]
@@ -119,7 +122,7 @@ class _BackendLogger:
         self._handle = handle  # not the Tracking: no cycle, so `del tracking` finishes at once as in verl
         self.name = name
 
-    def log(self, data: Any, step: Any) -> None:
+    def log(self, data: Mapping[str, object], step: SupportsInt | str | bytes | None) -> None:
         self._handle.log(data, step, exporters=(self.name,))
 
     def flush(self) -> None:
@@ -141,7 +144,13 @@ class Tracking:
 
     supported_backend = VERL_BACKENDS + OTEL_RL_BACKENDS
 
-    def __init__(self, project_name: str, experiment_name: str, default_backend: Any = "console", config: Any = None):
+    def __init__(
+        self,
+        project_name: str,
+        experiment_name: str,
+        default_backend: str | Sequence[str] | None = "console",
+        config: Mapping[str, object] | None = None,
+    ):
         backends = _names(default_backend)
         for backend in backends:
             if backend == "tracking":
@@ -165,7 +174,12 @@ class Tracking:
             self.console_logger = self.logger["console"]
         self._targets = tuple(self.logger)
 
-    def log(self, data: Any, step: Any, backend: Any = None) -> None:
+    def log(
+        self,
+        data: Mapping[str, object],
+        step: SupportsInt | str | bytes | None,
+        backend: str | Sequence[str] | None = None,
+    ) -> None:
         # verl: `if backend is None or default_backend in backend` (a string matches its substrings, as in verl)
         if backend is None:
             targets = self._targets
@@ -212,7 +226,9 @@ class ValidationGenerationsLogger:
     project_name: Optional[str] = None  # noqa: UP045 - verl's field types
     experiment_name: Optional[str] = None  # noqa: UP045
 
-    def log(self, loggers: Any, samples: Any, step: Any) -> None:
+    def log(
+        self, loggers: str | Sequence[str], samples: Iterable[Sequence[object]], step: SupportsInt | str | bytes | None
+    ) -> None:
         h = current()
         if h is None or h.closed:
             warn_once(
@@ -324,27 +340,29 @@ _init_hooks: list[Any] = []
 def _trace_pipeline(
     project: str, experiment: str, backend: str, token2text: bool, max_samples: int | None
 ) -> Handle | None:
-    settings = {"token2text": token2text or None, "max_samples": max_samples}
+    t2t = token2text or None
     h = current()
     try:
         if h is None or h.closed:
-            h, _ = _join_or_init(None, project, experiment, None, trace_backend=backend, **settings)
+            h, _ = _join_or_init(
+                None, project, experiment, None, trace_backend=backend, token2text=t2t, max_samples=max_samples
+            )
         else:
-            h.set_trace_settings(trace_backend=backend, **settings)
+            h.set_trace_settings(trace_backend=backend, token2text=t2t, max_samples=max_samples)
     except UnknownExporterError as exc:
         warn_once(
             f"trace-backend:{backend}", "otel-rl: rollout trace backend %r: %s; rollouts are not traced", backend, exc
         )
         if h is None or h.closed:
-            h, _ = _join_or_init(None, project, experiment, None, **settings)
+            h, _ = _join_or_init(None, project, experiment, None, token2text=t2t, max_samples=max_samples)
     return h
 
 
 @contextlib.contextmanager
 def rollout_trace_attr(
-    sample_index: Any = None,
-    step: Any = None,
-    rollout_n: Any = None,
+    sample_index: SupportsInt | None = None,
+    step: SupportsInt | None = None,
+    rollout_n: SupportsInt | None = None,
     name: str = "rollout_trace",
     validate: bool = False,
     trace: bool = True,
@@ -377,7 +395,7 @@ def _int_or_none(v: Any) -> Any:
         return v
 
 
-def rollout_trace_op(func: Any) -> Any:
+def rollout_trace_op(func: F) -> F:
     """Trace a method (sync or async) as an `otel_rl.op` span named by its qualname.
 
     Inputs are the bound arguments without ``self``; the output is the return value
@@ -385,17 +403,19 @@ def rollout_trace_op(func: Any) -> Any:
     has a ``tokenizer``).  A pass-through when no backend is set.
     """
     traced = op(func)
+    call: Any = func  # (awaited when a coroutine function)
+    call_traced: Any = traced
 
     if inspect.iscoroutinefunction(func):
 
         @functools.wraps(func)
         async def async_wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
             if RolloutTraceConfig.get_backend() is None:
-                return await func(self, *args, **kwargs)
-            return await traced(self, *args, **kwargs)
+                return await call(self, *args, **kwargs)
+            return await call_traced(self, *args, **kwargs)
 
         async_wrapper.__otel_rl_rollout_trace_op__ = True  # type: ignore[attr-defined]
-        return async_wrapper
+        return cast(F, async_wrapper)
 
     @functools.wraps(func)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -404,4 +424,4 @@ def rollout_trace_op(func: Any) -> Any:
         return traced(self, *args, **kwargs)
 
     wrapper.__otel_rl_rollout_trace_op__ = True  # type: ignore[attr-defined]
-    return wrapper
+    return cast(F, wrapper)

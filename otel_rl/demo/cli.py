@@ -255,7 +255,7 @@ def run(args: argparse.Namespace) -> int:
     if report:
         print(f"  report (open in a browser): {report}", flush=True)
     if args.report_json:
-        report = {
+        summary_json = {
             "config": cfg,
             "run_id": handle.run_id,
             "exporters": [e.name for e in handle.exporters],
@@ -269,7 +269,7 @@ def run(args: argparse.Namespace) -> int:
             "num_params": trainer.num_params,
         }
         with open(args.report_json, "w", encoding="utf-8") as f:
-            json.dump(report, f, indent=1)
+            json.dump(summary_json, f, indent=1)
     return 0
 
 

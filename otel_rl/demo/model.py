@@ -39,6 +39,12 @@ class Block(nn.Module):
 class TinyPolicy(nn.Module):
     """Decoder-only transformer; `action_logits` restricts the output to what the policy may emit."""
 
+    # buffers (register_buffer)
+    rope_cos: torch.Tensor
+    rope_sin: torch.Tensor
+    action_ids: torch.Tensor
+    action_index: torch.Tensor
+
     def __init__(self, d_model: int = 64, n_layers: int = 2, n_heads: int = 4, d_ff: int = 256, max_len: int = 32):
         super().__init__()
         self.max_len = max_len

@@ -118,7 +118,7 @@ class Dataset:
         self.epoch = 0
 
     def batch(self, size: int) -> list[Problem]:
-        out = []
+        out: list[Problem] = []
         while len(out) < size:
             if not self._order:
                 self._order = list(self.problems)

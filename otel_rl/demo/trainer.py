@@ -225,7 +225,10 @@ class GRPOTrainer:
                 metrics.update(self._data_metrics(outs, batch))
             with otel_rl.timer("old_log_prob"), torch.no_grad():
                 old_logp, entropy = token_log_probs(self.actor, batch["ids"], with_entropy=True)
-                metrics["actor/entropy"] = float(_masked_mean(entropy, batch["mask"]))
+                if entropy is not None:  # (asked for)
+                    metrics["actor/entropy"] = float(_masked_mean(entropy, batch["mask"]))
+            if self.ref is None:
+                raise RuntimeError("the reference policy is made by pretrain(), which runs first")
             with otel_rl.timer("ref"), torch.no_grad():
                 ref_logp, _ = token_log_probs(self.ref, batch["ids"])
             with otel_rl.timer("adv"):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import functools
 import json
 import os
 import sys
@@ -340,6 +341,13 @@ def _host(url: str) -> str:
         return ""
 
 
+def _exporter_checks(
+    fn: Callable[..., list[Check]], role: str, cfg: Config, env: Mapping[str, str], timeout: float, min_free: int
+) -> list[Check]:
+    """An exporter's checks, their subject marked with its `role` (" (trace backend)" or "")."""
+    return [dataclasses.replace(c, subject=c.subject + role) for c in fn(cfg, env, timeout, min_free)]
+
+
 def _unknown(name: str) -> list[Check]:
     from ..exporters.registry import UnknownExporterError, resolve_factory
 
@@ -381,13 +389,9 @@ def tasks(cfg: Config, env: Mapping[str, str], timeout: float, min_free: int) ->
             continue
         role = " (trace backend)" if name == cfg.trace_backend and name not in cfg.exporters else ""
         if fn is None:
-            out.append(lambda n=name: _unknown(n))
+            out.append(functools.partial(_unknown, name))
         else:
-            out.append(
-                lambda f=fn, n=name, r=role: [
-                    dataclasses.replace(c, subject=c.subject + r) for c in f(cfg, env, timeout, min_free)
-                ]
-            )
+            out.append(functools.partial(_exporter_checks, fn, role, cfg, env, timeout, min_free))
     out.append(lambda: local.check_spool(cfg, min_free))
     out.append(lambda: local.check_log_levels(env))
     return out

@@ -64,7 +64,7 @@ class RemoteExporter(Exporter):
         self._client = client
 
     @property
-    def wants_trajectories(self) -> bool:  # type: ignore[override]
+    def wants_trajectories(self) -> bool:
         return self._wants_trajectories
 
     @wants_trajectories.setter

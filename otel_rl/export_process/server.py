@@ -113,7 +113,7 @@ class Server:
             # the runs are open; then all of it is frozen out of later collections (`_settle`).
             gc.disable()
             self._gc_off = True
-        ready = {}
+        ready: dict[str, str | None] = {}
         for name, wants_trajectories in exporters:
             try:
                 exp = registry.create(name, config)

@@ -25,8 +25,14 @@ reject only those (docs/delivery.md).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.metrics.export import MetricReader
+    from opentelemetry.sdk.trace import ReadableSpan
+
+    from ..records import Record
 
 from .._values import warn_once  # re-exported: exporters log a problem once per kind with it
 
@@ -75,10 +81,10 @@ class Exporter:
     #: training process); False: each batch goes out as soon as it is queued
     gathers: bool = False
 
-    def export_records(self, records: Sequence[Any]) -> None:  # pragma: no cover - default
+    def export_records(self, records: Sequence[Record]) -> None:  # pragma: no cover - default
         return None
 
-    def export_spans(self, spans: Sequence[Any]) -> None:  # pragma: no cover - default
+    def export_spans(self, spans: Sequence[ReadableSpan]) -> None:  # pragma: no cover - default
         return None
 
     #: set by the export process on the exporters it runs: the pid of the training process it serves (a
@@ -92,9 +98,9 @@ class Exporter:
     #: ``prepare(records)`` or None: work that `export_records` would do for these records, done ahead
     #: of their delivery while its queue gathers (see `gathers`); `export_records` of the same records
     #: must give the same result whether or not it ran, and nothing may depend on it having run
-    prepare: Any = None
+    prepare: Callable[[Sequence[Record]], None] | None = None
 
-    def metric_readers(self) -> list[Any]:
+    def metric_readers(self) -> list[MetricReader]:
         return []
 
     def flush(self, timeout_s: float = 10.0) -> None:

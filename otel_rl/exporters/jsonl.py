@@ -21,17 +21,20 @@ that is not in the file, so no line is torn and none is written twice.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 from collections.abc import Sequence
+from types import ModuleType
 from typing import Any
 
 from ..records import StepMetrics
 from ..serialize import json_float
 from .base import Exporter
 
+_orjson: ModuleType | None
 try:
-    import orjson as _orjson
+    _orjson = importlib.import_module("orjson")
 except ImportError:  # pragma: no cover - orjson is optional
     _orjson = None
 

@@ -12,9 +12,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .base import Exporter
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.metrics.export import MetricExporter
+    from opentelemetry.sdk.trace.export import SpanExporter
 
 PROTOCOLS = ("grpc", "http/protobuf")
 
@@ -60,21 +64,21 @@ class OtlpExporter(Exporter):
         endpoint = getattr(config, "otlp_endpoint", None)
         headers = _headers(config)
         if self.protocol == "grpc":
-            from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
-            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+            from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GrpcMetrics
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcSpans
 
             insecure = None
             if endpoint and endpoint.startswith("http://"):
                 insecure = True
-            self._spans = OTLPSpanExporter(endpoint=endpoint, headers=headers, insecure=insecure)
-            self._metrics = OTLPMetricExporter(endpoint=endpoint, headers=headers, insecure=insecure)
+            self._spans: SpanExporter = GrpcSpans(endpoint=endpoint, headers=headers, insecure=insecure)
+            self._metrics: MetricExporter = GrpcMetrics(endpoint=endpoint, headers=headers, insecure=insecure)
         else:
-            from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+            from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpMetrics
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpSpans
 
             base = endpoint.rstrip("/") if endpoint else None
-            self._spans = OTLPSpanExporter(endpoint=f"{base}/v1/traces" if base else None, headers=headers)
-            self._metrics = OTLPMetricExporter(endpoint=f"{base}/v1/metrics" if base else None, headers=headers)
+            self._spans = HttpSpans(endpoint=f"{base}/v1/traces" if base else None, headers=headers)
+            self._metrics = HttpMetrics(endpoint=f"{base}/v1/metrics" if base else None, headers=headers)
         self._reader = PeriodicExportingMetricReader(self._metrics)
 
     def export_spans(self, spans: Sequence[Any]) -> None:

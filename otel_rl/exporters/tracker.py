@@ -24,11 +24,20 @@ import dataclasses
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from ..records import Generations, RunIdentity, RunStart, StepMetrics, Trajectory
+from ..records import Generations, Record, RunIdentity, RunStart, StepMetrics, Trajectory
 from .base import Exporter, is_data_error
+
+if TYPE_CHECKING:
+    from ..config import Config
+
+#: a tracker's handle on one open run (what `open_run` returns and the other hooks are given)
+RunHandle = TypeVar("RunHandle")
+#: an uncaught exception's (type, value, traceback), as `sys.excepthook` is given it
+ExceptHook = Callable[[type[BaseException], BaseException, TracebackType | None], object]
 
 _log = logging.getLogger("otel_rl")
 #: rejected records logged one by one up to this many per exporter, then one line per this many more
@@ -37,7 +46,7 @@ REJECTS_LOGGED = 20
 STEP_LIMIT = 1 << 63
 
 
-class TrackerExporter(Exporter):
+class TrackerExporter(Exporter, Generic[RunHandle]):
     #: the name users write in trainer.logger / trace.backend
     tracker_name: str = ""
     #: receives trajectories only when it is the configured trace backend
@@ -57,15 +66,15 @@ class TrackerExporter(Exporter):
     console_pending_max = 1 << 20
 
     @classmethod
-    def routing(cls, config: Any) -> bool:
+    def routing(cls, config: object) -> bool:
         """Whether an exporter of this class made with `config` takes trajectories."""
         if not cls.exports_trajectories:
             return False
         return getattr(config, "trace_backend", None) == cls.tracker_name if cls.traces_only_as_backend else True
 
-    def __init__(self, config: Any):
+    def __init__(self, config: Config):
         self.config = config
-        self.runs: dict[RunIdentity, Any] = {}
+        self.runs: dict[RunIdentity, RunHandle] = {}
         # id(record) -> record, for the records of the batch in flight already written (or rejected),
         # kept referenced so that an id cannot be reused by a later record while it is here (a batch
         # dropped while being retried leaves its ids behind until the next batch)
@@ -82,25 +91,25 @@ class TrackerExporter(Exporter):
         self._console_dropped = 0
 
     # -- to implement ----------------------------------------------------------------
-    def open_run(self, run: RunIdentity, start: RunStart | None) -> Any:
+    def open_run(self, run: RunIdentity, start: RunStart | None) -> RunHandle:
         raise NotImplementedError
 
-    def update_config(self, handle: Any, start: RunStart) -> None:
+    def update_config(self, handle: RunHandle, start: RunStart) -> None:
         return None
 
-    def write_metrics(self, handle: Any, metrics: list[StepMetrics]) -> None:
+    def write_metrics(self, handle: RunHandle, metrics: list[StepMetrics]) -> None:
         return None
 
-    def write_generations(self, handle: Any, generations: list[Generations]) -> None:
+    def write_generations(self, handle: RunHandle, generations: list[Generations]) -> None:
         return None
 
-    def write_trajectories(self, handle: Any, trajectories: list[Trajectory]) -> None:
+    def write_trajectories(self, handle: RunHandle, trajectories: list[Trajectory]) -> None:
         return None
 
-    def close_run(self, handle: Any) -> None:
+    def close_run(self, handle: RunHandle) -> None:
         return None
 
-    def console_to_run(self, handle: Any, chunks: list[tuple[str, str]]) -> None:
+    def console_to_run(self, handle: RunHandle, chunks: list[tuple[str, str]]) -> None:
         """Add the training process's console output (``("stdout" | "stderr", text)`` in order) to the
         run `handle`, as the tracker's own console capture would (`captures_console` trackers)."""
         return None
@@ -140,7 +149,7 @@ class TrackerExporter(Exporter):
             self._console_dropped = 0
         return chunks
 
-    def _run_opened(self, handle: Any) -> None:
+    def _run_opened(self, handle: RunHandle) -> None:
         if not self._console_pending and not self._console_dropped:
             return
         with self.console_lock:
@@ -149,7 +158,7 @@ class TrackerExporter(Exporter):
                 self.console_to_run(handle, chunks)
 
     # -- machinery -------------------------------------------------------------------------
-    def export_records(self, records: Sequence[Any]) -> None:
+    def export_records(self, records: Sequence[Record]) -> None:
         if records is not self._inflight:
             # a new batch (the previous one was delivered or given up): forget partial progress
             self._written.clear()
@@ -158,7 +167,7 @@ class TrackerExporter(Exporter):
         groups: OrderedDict[RunIdentity, list[Any]] = OrderedDict()
         for r in records:
             if (
-                type(r) in (StepMetrics, Generations)
+                isinstance(r, (StepMetrics, Generations))
                 and not -STEP_LIMIT <= r.step < STEP_LIMIT
                 and id(r) not in self._written
             ):
@@ -237,7 +246,7 @@ class TrackerExporter(Exporter):
             known = self._points[id(r)] = (r, [dataclasses.replace(r, values={k: v}) for k, v in r.values.items()])
         return known[1]
 
-    def reject_record(self, r: Any, exc: BaseException) -> None:
+    def reject_record(self, r: Record, exc: BaseException) -> None:
         """Count `r` as refused by the tracker as bad data (``stats()["rejected"]``) and log it (the first
         ones each, then one in a thousand).  A plug-in that isolates bad records itself calls it for each."""
         self.rejected += 1
@@ -270,7 +279,7 @@ class TrackerExporter(Exporter):
         self.runs.clear()
 
 
-def flatten_config(params: Any, sep: str = "/") -> dict[str, Any]:
+def flatten_config(params: Mapping[str, object] | None, sep: str = "/") -> dict[str, object]:
     """Flatten a config the way verl logs it to MLflow params.
 
     Nested keys are joined by `sep`; a list becomes ``list_len`` plus one key per
@@ -280,7 +289,7 @@ def flatten_config(params: Any, sep: str = "/") -> dict[str, Any]:
     import enum
     import os
 
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
 
     def walk(prefix: str, x: Any) -> None:
         if dataclasses.is_dataclass(x) and not isinstance(x, type):
@@ -308,10 +317,10 @@ def flatten_config(params: Any, sep: str = "/") -> dict[str, Any]:
 
 # -- uncaught exceptions ----------------------------------------------------------------------------
 
-_uncaught_hooks: list[Any] = []
+_uncaught_hooks: list[ExceptHook] = []
 
 
-def on_uncaught_exception(fn: Any) -> None:
+def on_uncaught_exception(fn: ExceptHook) -> None:
     """Call ``fn(type, value, traceback)`` when this process ends with an uncaught exception, before the
     excepthook that was in place when the first such function was registered.  Once per function; an
     error in `fn` never masks the original one."""
@@ -324,7 +333,7 @@ def on_uncaught_exception(fn: Any) -> None:
         return
     previous = sys.excepthook
 
-    def excepthook(tp: Any, value: Any, tb: Any) -> None:
+    def excepthook(tp: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
         for hook in list(_uncaught_hooks):
             try:
                 hook(tp, value, tb)
@@ -335,7 +344,7 @@ def on_uncaught_exception(fn: Any) -> None:
     sys.excepthook = excepthook
 
 
-def run_failure(tp: Any, value: Any, tb: Any) -> tuple[str, str] | None:
+def run_failure(tp: type[BaseException], value: BaseException, tb: TracebackType | None) -> tuple[str, str] | None:
     """How an uncaught exception ends a tracker run: ("aborted" for Ctrl-C, else "crashed", the traceback).
     None in an interactive session, which goes on after it."""
     import sys

@@ -41,8 +41,8 @@ import functools
 import inspect
 import os
 import re
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Literal, TypeVar
 
 from opentelemetry import context as otel_context
 from opentelemetry import propagate
@@ -53,6 +53,9 @@ from .. import semconv as sc
 from .._handle import Handle, current, init
 from .._runtime import STEP
 from ..instrument import _StepState
+
+#: what a function `propagated` wraps returns
+R = TypeVar("R")
 
 __all__ = [
     "CONTEXT_KWARG",
@@ -105,17 +108,17 @@ def worker_env(handle: Handle | None = None) -> dict[str, str]:
 
 def runtime_env(
     handle: Handle | None = None,
-    base: Mapping[str, Any] | None = None,
+    base: Mapping[str, object] | None = None,
     *,
     rank: int | None = None,
-    exporters: Any = None,
-) -> dict[str, Any]:
+    exporters: str | Iterable[str] | None = None,
+) -> dict[str, object]:
     """A Ray ``runtime_env`` (`base` plus ``env_vars``) for workers of `handle`'s run.
 
     Variables already in `base` win over the run's; `rank` and `exporters` (names)
     set that worker's ``OTEL_RL_RANK`` / ``OTEL_RL_EXPORTERS``.
     """
-    out = dict(base or {})
+    out: dict[str, Any] = dict(base or {})
     env = {**worker_env(handle), **dict(out.get("env_vars") or {})}
     if rank is not None:
         env[sc.ENV_RANK] = str(int(rank))
@@ -125,9 +128,10 @@ def runtime_env(
     return out
 
 
-def actor_options(rank: int | None = None, handle: Handle | None = None, **options: Any) -> dict[str, Any]:
+def actor_options(rank: int | None = None, handle: Handle | None = None, **options: object) -> dict[str, object]:
     """Options for ``ActorClass.options(**actor_options(rank=i, name=...))``."""
-    options["runtime_env"] = runtime_env(handle, options.get("runtime_env"), rank=rank)
+    given: Any = options.get("runtime_env")  # (a runtime_env mapping, or None)
+    options["runtime_env"] = runtime_env(handle, given, rank=rank)
     return options
 
 
@@ -175,9 +179,9 @@ def ray_rank() -> int | None:
     return int(m.group(1)) if m else None
 
 
-def worker_settings(rank: int | None = None) -> dict[str, Any]:
+def worker_settings(rank: int | None = None) -> dict[str, object]:
     """`otel_rl.init` settings for this Ray worker: its rank (see the module doc) and Ray resource attributes."""
-    settings: dict[str, Any] = {}
+    settings: dict[str, object] = {}
     if rank is None and not any(os.environ.get(v, "") != "" for v in _RANK_ENV):
         rank = ray_rank()
     if rank is not None:
@@ -203,7 +207,7 @@ def worker_settings(rank: int | None = None) -> dict[str, Any]:
     return settings
 
 
-def init_worker(rank: int | None = None, **settings: Any) -> Handle:
+def init_worker(rank: int | None = None, **settings: object) -> Handle:
     """Start otel-rl in a Ray worker from the environment the driver set (see `runtime_env`).
 
     Idempotent: a worker that already runs a pipeline of the same run gets it back
@@ -213,8 +217,9 @@ def init_worker(rank: int | None = None, **settings: Any) -> Handle:
     run_id = os.environ.get(sc.ENV_RUN_ID)
     if h is not None and not h.closed and (not run_id or h.run_id == run_id):
         return h
-    s = worker_settings(rank)
-    attrs = {**s.pop("resource_attributes", {}), **dict(settings.pop("resource_attributes", None) or {})}
+    s: dict[str, Any] = worker_settings(rank)
+    given: Any = settings.pop("resource_attributes", None)  # (a mapping, or None)
+    attrs = {**s.pop("resource_attributes", {}), **dict(given or {})}
     s.update(settings)
     return init(resource_attributes=attrs, **s)
 
@@ -231,7 +236,7 @@ class step_context:
     def __init__(self, carrier: Mapping[str, str] | None):
         self._carrier = carrier
 
-    def __enter__(self) -> Any:
+    def __enter__(self) -> _StepState | None:
         self._otel_token = self._step_token = None
         carrier = self._carrier
         if not carrier:
@@ -251,37 +256,38 @@ class step_context:
             self._step_token = STEP.set(st)
         return st
 
-    def __exit__(self, *exc: Any) -> bool:
+    def __exit__(self, *exc: object) -> Literal[False]:
         if self._step_token is not None:
             STEP.reset(self._step_token)
         if self._otel_token is not None:
             otel_context.detach(self._otel_token)
         return False
 
-    async def __aenter__(self) -> Any:
+    async def __aenter__(self) -> _StepState | None:
         return self.__enter__()
 
-    async def __aexit__(self, *exc: Any) -> bool:
+    async def __aexit__(self, *exc: object) -> Literal[False]:
         return self.__exit__(*exc)
 
 
-def propagated(fn: Callable[..., Any]) -> Callable[..., Any]:
+def propagated(fn: Callable[..., R]) -> Callable[..., R]:
     """Run `fn` (a Ray task or actor method, sync or async) inside the driver's step.
 
     The carrier comes in the keyword argument ``otel_rl_context`` (``fn.remote(...,
     otel_rl_context=otel_ray.inject())``), which `fn` does not see.  Apply it under
     ``@ray.remote`` for tasks.
     """
+    call: Any = fn  # (awaited when a coroutine function)
     if inspect.iscoroutinefunction(fn):
 
         @functools.wraps(fn)
         async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
             carrier = kwargs.pop(CONTEXT_KWARG, None)
             if not carrier:
-                return await fn(*args, **kwargs)
+                return await call(*args, **kwargs)
             # each async call runs in its own task, so its own context: nothing leaks to other calls
             with step_context(carrier):
-                return await fn(*args, **kwargs)
+                return await call(*args, **kwargs)
 
         return _with_context_parameter(async_wrapper, fn)
 

@@ -44,10 +44,13 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import otel_rl
 from otel_rl import semconv as sc
+
+if TYPE_CHECKING:
+    from transformers import TrainerControl, TrainerState, TrainingArguments
 
 try:
     from transformers import TrainerCallback
@@ -59,6 +62,9 @@ except ImportError as exc:  # pragma: no cover - exercised only without transfor
 __all__ = ["OtelRLCallback", "RewardTracer", "trace_rewards", "OVERLAPPING_REPORTERS"]
 
 _log = logging.getLogger("otel_rl")
+
+#: the reward functions `trace_rewards` is given (one, or a list or tuple of them): given back in the same shape
+T = TypeVar("T")
 
 #: `report_to` integrations of transformers that write to a tracker otel-rl also serves
 OVERLAPPING_REPORTERS = {"mlflow": "mlflow", "wandb": "wandb", "swanlab": "swanlab"}
@@ -83,7 +89,7 @@ class OtelRLCallback(TrainerCallback):
     the run config instead of ``args.to_dict()``.
     """
 
-    def __init__(self, config: dict | None = None, **settings: Any):
+    def __init__(self, config: dict[str, object] | None = None, **settings: object):
         self._config = config
         self._settings = settings
         self._owned = False
@@ -95,7 +101,7 @@ class OtelRLCallback(TrainerCallback):
         h = otel_rl.current()
         if h is not None and not h.closed:
             return h
-        settings = dict(self._settings)
+        settings: dict[str, Any] = dict(self._settings)
         if "experiment" not in settings and not os.environ.get("OTEL_RL_EXPERIMENT"):
             name = getattr(args, "run_name", None) or os.path.basename(
                 os.path.normpath(os.path.abspath(getattr(args, "output_dir", None) or "trainer"))
@@ -136,7 +142,14 @@ class OtelRLCallback(TrainerCallback):
             )
 
     # -- events -----------------------------------------------------------------------------
-    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+    def on_train_begin(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        model: object = None,
+        **kwargs: object,
+    ) -> None:
         try:
             h = self._ensure(args, state, model)
             self._check_report_to(args, h)
@@ -145,7 +158,9 @@ class OtelRLCallback(TrainerCallback):
         except Exception as exc:
             _log.warning("otel-rl: could not start (%s); training goes on without telemetry", exc)
 
-    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    def on_step_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: object
+    ) -> None:
         self._close_step(None)
         if otel_rl.current() is None:
             return
@@ -159,7 +174,9 @@ class OtelRLCallback(TrainerCallback):
         _open_step[0] = n
         _stepping[0] = self
 
-    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    def on_step_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: object
+    ) -> None:
         self._close_step(None)
 
     def _close_step(self, exc: BaseException | None) -> None:
@@ -173,7 +190,14 @@ class OtelRLCallback(TrainerCallback):
             except Exception:
                 pass
 
-    def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kwargs: Any) -> None:
+    def on_log(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        logs: dict[str, float] | None = None,
+        **kwargs: object,
+    ) -> None:
         if not state.is_world_process_zero:
             return
         h = otel_rl.current()
@@ -190,7 +214,14 @@ class OtelRLCallback(TrainerCallback):
         if data:
             h.log(data, step=state.global_step)
 
-    def on_evaluate(self, args: Any, state: Any, control: Any, metrics: dict | None = None, **kwargs: Any) -> None:
+    def on_evaluate(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        metrics: dict[str, float] | None = None,
+        **kwargs: object,
+    ) -> None:
         h = otel_rl.current()
         if h is None or h.closed or not h.tracing:
             return
@@ -211,7 +242,9 @@ class OtelRLCallback(TrainerCallback):
         except Exception:
             pass
 
-    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    def on_train_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: object
+    ) -> None:
         self._close_step(None)
         otel_rl.flush()
 
@@ -390,7 +423,7 @@ class RewardTracer:
                         continue
                     finally:
                         _replaying.value = None
-                    if value is not None:
+                    if value is not None and not isinstance(value, BaseException):
                         try:
                             total += float(value)
                             any_score = True
@@ -436,22 +469,23 @@ def _groups(prompts: Sequence[Any]) -> list[tuple[int, int]]:
     return out
 
 
-def trace_rewards(reward_funcs: Any) -> Any:
+def trace_rewards(reward_funcs: T) -> T:
     """GRPO reward functions (one or a list) wrapped so that each completion becomes a trajectory trace.
 
     Functions keep their ``__name__`` (TRL names its ``rewards/<name>/mean`` metrics after it) and
     whether they are ``async``; models and model ids (strings) are returned as they are (TRL scores them
     itself, out of reach).  The wrappers record nothing unless otel-rl is tracing.
     """
-    single = not isinstance(reward_funcs, (list, tuple))
-    funcs = [reward_funcs] if single else list(reward_funcs)
+    given: Any = reward_funcs
+    single = not isinstance(given, (list, tuple))
+    funcs = [given] if single else list(given)
     callables = [(i, f) for i, f in enumerate(funcs) if callable(f) and not _is_module(f)]
     names = [getattr(f, "__name__", None) or type(f).__name__ for _, f in callables]
     tracer = RewardTracer(names)
     out = list(funcs)
     for (i, f), name in zip(callables, names):
         out[i] = tracer.wrap(f, name)
-    return out[0] if single else out
+    return cast(T, out[0] if single else out)
 
 
 def _is_module(f: Any) -> bool:

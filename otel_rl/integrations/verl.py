@@ -35,6 +35,7 @@ import threading
 import types
 import uuid
 import warnings
+from collections.abc import Mapping
 from typing import Any
 
 from .. import semconv as sc
@@ -187,7 +188,7 @@ def _rewrap_decorated(originals: dict[int, tuple[Any, Any]]) -> None:
                 continue
             for attr, fn in members:
                 if type(fn) is types.FunctionType and fn.__code__ in codes and "__wrapped__" in fn.__dict__:
-                    setattr(cls, attr, compat.rollout_trace_op(fn.__wrapped__))
+                    setattr(cls, attr, compat.rollout_trace_op(fn.__dict__["__wrapped__"]))
                     _state.replaced.append((cls, attr, fn))
 
 
@@ -213,9 +214,9 @@ def _register_candidates_hook(config: Any) -> None:
     if config.backend is None or not compat.RolloutTraceConfig.deterministic_sampling:
         return
     for name in AGENT_LOOP_MODULES:
-        mod = sys.modules.get(name)
+        mod: Any = sys.modules.get(name)  # (a module of verl's: its functions are replaced)
         fn = getattr(mod, "get_trajectory_info", None) if mod is not None else None
-        if fn is None or getattr(fn, "__otel_rl_registers__", False):
+        if mod is None or fn is None or getattr(fn, "__otel_rl_registers__", False):
             continue
         mod.get_trajectory_info = _registering(fn)
         _state.replaced.append((mod, "get_trajectory_info", fn))
@@ -269,11 +270,11 @@ def _prepare_ray() -> None:
     _state.ray_init = (ray, original)
 
 
-def job_runtime_env(runtime_env: Any = None) -> dict[str, Any]:
+def job_runtime_env(runtime_env: Mapping[str, object] | None = None) -> dict[str, object]:
     """`runtime_env` for ``ray.init`` with otel-rl's run id, settings and the worker setup hook."""
     from .ray import worker_env
 
-    out = dict(runtime_env or {})
+    out: dict[str, Any] = dict(runtime_env or {})
     env = dict(out.get("env_vars") or {})
     for k, v in worker_env().items():
         env.setdefault(k, v)  # what the job sets explicitly wins

@@ -262,15 +262,16 @@ def sample_trajectories(client: Any, experiment_id: str, run_id: str) -> list[Tr
 
 def load(jsonl: str | None = None, mlflow_run_id: str | None = None, tracking_uri: str | None = None) -> RunData:
     """Metrics from the JSONL file when given (else from MLflow); config and trajectories from MLflow."""
-    if not jsonl and not mlflow_run_id:
-        raise ValueError("give a run's JSONL file or --mlflow-run-id")
-    data = read_jsonl(jsonl) if jsonl else None
-    if mlflow_run_id:
-        ml = read_mlflow(mlflow_client(tracking_uri), mlflow_run_id, metrics=data is None)
-        if data is None:
-            return ml
-        data.config, data.trajectories = ml.config, ml.trajectories
-        data.source += f"; config and trajectories from {ml.source}"
-    else:
+    if not mlflow_run_id:
+        if not jsonl:
+            raise ValueError("give a run's JSONL file or --mlflow-run-id")
+        data = read_jsonl(jsonl)
         data.notes.append("the JSONL file holds metrics only: give --mlflow-run-id for the config and trajectories")
-    return data
+        return data
+    from_jsonl = read_jsonl(jsonl) if jsonl else None
+    ml = read_mlflow(mlflow_client(tracking_uri), mlflow_run_id, metrics=from_jsonl is None)
+    if from_jsonl is None:
+        return ml
+    from_jsonl.config, from_jsonl.trajectories = ml.config, ml.trajectories
+    from_jsonl.source += f"; config and trajectories from {ml.source}"
+    return from_jsonl

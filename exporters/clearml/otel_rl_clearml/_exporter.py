@@ -84,7 +84,7 @@ class ClearmlExporter(TrackerExporter):
 
         self._Task = Task
         self._offline = offline_mode()
-        self._app_task = Task.current_task()  # a task the application opened: reused, not closed
+        self._app_task: Task | None = Task.current_task()  # a task the application opened: reused, not closed
         self._active: _Run | None = None
         if getattr(config, "trace_backend", None) == self.tracker_name:
             warn_once(
@@ -175,7 +175,7 @@ class ClearmlExporter(TrackerExporter):
                 # ClearML's reporter subprocess holds close() for ~10 s in offline mode; this thread is already
                 # off the training thread, so ClearML reports from a thread of its own here
                 if hasattr(Task, "_report_subprocess_enabled"):
-                    Task._report_subprocess_enabled = False
+                    setattr(Task, "_report_subprocess_enabled", False)  # noqa: B010 - a private flag clearml types otherwise
             state.task = Task.init(
                 project_name=state.ident.project or "otel_rl",
                 task_name=state.ident.experiment or "default",

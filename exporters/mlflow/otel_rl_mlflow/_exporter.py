@@ -38,7 +38,7 @@ from typing import Any
 from otel_rl import semconv as sc
 from otel_rl.exporters.packages import hidden_imports
 from otel_rl.exporters.tracker import TrackerExporter, flatten_config
-from otel_rl.records import Generations, RunIdentity, RunStart, StepMetrics
+from otel_rl.records import Generations, Record, RunIdentity, RunStart, StepMetrics
 
 from . import _traces
 from ._context import run_context_tags
@@ -92,6 +92,11 @@ class MlflowExporter(TrajectoryWriting, TrackerExporter):
     #: syntax highlighting of mako's HTML error pages (mako is a dependency of alembic, which MLflow's sqlalchemy
     #: store imports for its migrations; mako falls back to plain text without pygments)
     unused_imports = ("pandas", "pygments")
+
+    def prepare(self, records: Sequence[Record]) -> None:
+        """While its queue gathers a delivery (`otel_rl.exporters.base.Exporter.prepare`): the trajectories'
+        MLflow spans and direct-writer rows computed ahead (`prepare_trajectories`)."""
+        self.prepare_trajectories(records)
 
     @staticmethod
     def store_client(tracking_uri: str) -> Any:

@@ -12,9 +12,9 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from otel_rl.records import Trajectory
+from otel_rl.records import Record, Trajectory
 
 from . import _remote, _traces
 from ._run import MlflowRun, clear_server_version_cache, data_errors
@@ -48,6 +48,14 @@ class TrajectoryWriting:
     _remote: Any
     _ahead: dict[int, list[Any]]
     runs: dict[Any, Any]
+
+    if TYPE_CHECKING:  # the exporter's
+
+        def _clients(self) -> tuple[Any, Any]: ...
+
+        def _warn_once(self, key: str, msg: str, *args: Any) -> None: ...
+
+        def _progress_key(self, part: str, records: Sequence[Any]) -> tuple: ...
 
     def write_trajectories(self, handle: MlflowRun, trajectories: list[Trajectory]) -> None:
         with data_errors():
@@ -98,7 +106,7 @@ class TrajectoryWriting:
         self._progress.pop(key, None)
         self._chunking.pop(key, None)
 
-    def prepare(self, records: Sequence[Any]) -> None:
+    def prepare_trajectories(self, records: Sequence[Record]) -> None:
         """While its queue gathers a delivery: the MLflow spans of its trajectories and the direct
         writer's rows for them, computed ahead, so that the delivery (and a flush at the end of a run)
         only writes them.  Only for runs already open and the direct writer on; never raises."""
@@ -146,8 +154,10 @@ class TrajectoryWriting:
 
     def _log_traces(self, client: Any, tracing: Any, handle: MlflowRun, trajs: list[Trajectory]) -> None:
         builder = self._spans
+        if builder is None:  # (made by _write_trajectories, the caller)
+            builder = self._spans = _traces.SpanBuilder()
         ahead = self._ahead
-        groups = [ahead.pop(t.trace_id, None) or builder.spans(t) for t in trajs]
+        groups = [ahead.pop(t.trace_id, []) or builder.spans(t) for t in trajs]
         ids = [_traces.mlflow_trace_id(t.trace_id) for t in trajs]
         if self._log_spans_supported:
             bulk = self._bulk_writer(tracing)

@@ -68,8 +68,8 @@ class ConsoleLines:
                     history.extend(lines)
                 return lines
             emulator = self._emulators[stream] = self._emulator_class()
-            history = self._history.pop(stream, ())
-            emulator.write("".join(line + "\n" for line in history) + "".join(self._partial.pop(stream, ())))
+            kept = self._history.pop(stream, None) or ()
+            emulator.write("".join(line + "\n" for line in kept) + "".join(self._partial.pop(stream, ())))
             emulator.read()  # those lines are out already
         emulator.write(text)
         return [line for line, finished in emulator.read() if finished]

@@ -18,7 +18,7 @@ def install_wandb_working_set(wandb: Any) -> bool:
 
     The same ``InstalledDistribution(key, version)`` items in the same order as wandb's own.
     """
-    util = getattr(wandb, "util", None)
+    util: Any = getattr(wandb, "util", None)
     original = getattr(util, "working_set", None)
     item = getattr(util, "InstalledDistribution", None)
     if not callable(original) or item is None:

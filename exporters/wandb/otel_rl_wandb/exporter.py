@@ -114,7 +114,7 @@ def _skip_unstaged_launch_inputs(wandb: Any) -> None:
     Inputs are staged only through that very module, so while it is not imported there is
     nothing to apply: the step is skipped then, and runs as before once it is imported.
     """
-    run_cls = getattr(getattr(getattr(wandb, "sdk", None), "wandb_run", None), "Run", None)
+    run_cls: Any = getattr(getattr(getattr(wandb, "sdk", None), "wandb_run", None), "Run", None)
     original = getattr(run_cls, "_detect_and_apply_job_inputs", None)
     if original is None or getattr(original, "_otel_rl_skips_unstaged", False):
         return
@@ -136,7 +136,7 @@ def _dataframe_check_without_importing_pandas(wandb: Any) -> None:
     first log.  No object can be a DataFrame while pandas is not imported, so the answer is then False
     without the import; once pandas is imported, wandb's own check runs.
     """
-    util = getattr(wandb, "util", None)
+    util: Any = getattr(wandb, "util", None)
     original = getattr(util, "is_pandas_data_frame", None)
     if not callable(original) or getattr(original, "_otel_rl_no_import", False):
         return
@@ -368,8 +368,8 @@ class WandbExporter(TrackerExporter):
                         del rest[stream]
                         write(stream, "".join(held[1:]))
                 continue
-            held = rest.pop(stream, None)
-            write(stream, "".join(held[1:]) + text[:end] if held else text[:end])
+            pending = rest.pop(stream, None)
+            write(stream, "".join(pending[1:]) + text[:end] if pending else text[:end])
             if end < len(text):
                 rest[stream] = [len(text) - end, text[end:]]
 
@@ -457,7 +457,7 @@ class WandbExporter(TrackerExporter):
         # verl's layout: one row per validation step; a row with fewer samples than the
         # widest one is padded with None
         width = handle.gen_width
-        columns = [sc.TAG_STEP]
+        columns: list[str | int] = [sc.TAG_STEP]
         for i in range(1, width + 1):
             columns += [f"input_{i}", f"output_{i}", f"score_{i}"]
         n = len(columns)

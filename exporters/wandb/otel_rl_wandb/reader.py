@@ -195,7 +195,7 @@ def _parse(path: str) -> RunData:
         if blob is None:
             out.complete = False
             break
-        rec = pb.Record()
+        rec = pb.Record()  # type: ignore[attr-defined]  # (re-exported per protobuf major version: mypy sees none)
         rec.ParseFromString(blob)
         out.records += 1
         kind = rec.WhichOneof("record_type")

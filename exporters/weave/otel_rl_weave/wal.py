@@ -35,8 +35,8 @@ def _read_file(path: Path) -> Iterator[dict[str, Any]]:
     try:
         from weave.durability.wal_consumer import JSONLWALConsumer
     except ImportError:  # pragma: no cover - older Weave without a WAL
-        JSONLWALConsumer = None  # type: ignore[assignment]
-    if JSONLWALConsumer is not None:
+        pass
+    else:
         consumer = JSONLWALConsumer(str(path))
         try:
             for entry in consumer.read_pending():

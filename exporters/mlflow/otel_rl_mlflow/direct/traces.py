@@ -459,9 +459,9 @@ class BulkTraceWriter(SqliteWriter):
         function called once per experiment with a stand-in id, whose place in the result the real ids
         take (ids of the writer's own form, ``tr-`` and hex digits, which the function leaves as they
         are); any other id, or a result without exactly one stand-in, goes to the function itself."""
-        made = self._locations.get(experiment_id)
-        if made is not None:
-            return made
+        cached = self._locations.get(experiment_id)
+        if cached is not None:
+            return cached
         append = self.h["append_to_uri_path"]
         root = self.store.get_experiment(experiment_id).artifact_location
         stand_in = "tr-" + "0" * 32
