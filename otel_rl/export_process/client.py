@@ -15,6 +15,7 @@ from typing import Any
 
 from .._batch import ExporterStats
 from .._console import ConsoleTee
+from .._memory import RELEASE_BYTES, release_memory
 from .._values import warn_once
 from ..exporters.base import Exporter
 from ..records import Trajectory
@@ -132,7 +133,12 @@ class ExportProcessClient:
         # (seq, items, pickled Shipment): delivered again if the child dies
         self._unsettled: deque = deque()
         self._unsettled_items = 0
+        self._unsettled_bytes = 0
         self._max_unsettled = max(1000, int(getattr(config, "queue_size", 100_000)))
+        # (queue_max_bytes: with the tracker stalled, the child spools what it cannot hold and settles it;
+        # copies beyond this are forgotten oldest first all the same)
+        self._max_unsettled_bytes = max(1 << 20, int(getattr(config, "queue_max_bytes", 32 << 20) or 32 << 20))
+        self._released = 0  # bytes of copies forgotten since memory was last given back to the system
         self._stop_sent = False
         self._stopped = threading.Event()
         self._done = threading.Event()  # its exit hooks have run (`Done`), or it has ended
@@ -227,10 +233,14 @@ class ExportProcessClient:
                 self._out.append(Batch(self._seq, payload))
                 self._unsettled.append((self._seq, n_items, payload))
                 self._unsettled_items += n_items
-                while self._unsettled_items > self._max_unsettled and len(self._unsettled) > 1:
+                self._unsettled_bytes += len(payload)
+                while (
+                    self._unsettled_items > self._max_unsettled or self._unsettled_bytes > self._max_unsettled_bytes
+                ) and len(self._unsettled) > 1:
                     # the oldest batch stays queued in the child; it only loses its re-delivery copy
                     old = self._unsettled.popleft()
                     self._unsettled_items -= old[1]
+                    self._unsettled_bytes -= len(old[2])
                 self._cond.notify_all()
                 return
         self._adopted.wait(30.0)
@@ -408,7 +418,15 @@ class ExportProcessClient:
         with self._cond:
             self._settled = max(self._settled, seq)
             while self._unsettled and self._unsettled[0][0] <= self._settled:
-                self._unsettled_items -= self._unsettled.popleft()[1]
+                old = self._unsettled.popleft()
+                self._unsettled_items -= old[1]
+                self._unsettled_bytes -= len(old[2])
+                self._released += len(old[2])
+            release = self._released >= RELEASE_BYTES and not self._unsettled
+            if release:
+                self._released = 0
+        if release:  # a backlog settled (a tracker that was stalled): its memory back to the system
+            release_memory()
 
     def _ended(self) -> None:
         if self.console is not None:
@@ -419,6 +437,7 @@ class ExportProcessClient:
             left = [(seq, pickle.loads(payload)) for seq, _, payload in self._unsettled]
             self._unsettled.clear()
             self._unsettled_items = 0
+            self._unsettled_bytes = 0
             self._cond.notify_all()
         try:
             wait_exit(self.proc, 5.0)

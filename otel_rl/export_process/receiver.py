@@ -37,7 +37,9 @@ class Receiver:
         wire: list | None = None,
         resource_attrs: dict | None = None,
         seq: int = 0,
+        nbytes: int = 0,
     ) -> None:
+        """`nbytes`: what the batch takes in memory, when known (the queues' `queue_max_bytes` counts it)."""
         if wire:
             from .._token2text import decode_packed
 
@@ -48,7 +50,7 @@ class Receiver:
                 materialize(t[6], self.max_chars)
         with self._lock:
             trajs = self._builder.build(unpack(wire, resource_attrs or {}, seq)) if wire else []
-        self.deliver(list(records) + trajs, names, seq)
+        self.deliver(list(records) + trajs, names, seq, nbytes)
 
     def flush_partial(self) -> None:
         """Trajectories whose root never came: what there is, to every queue that takes trajectories."""
@@ -62,7 +64,7 @@ class Receiver:
             held = [g[0].seq for g in self._builder.pending() if g]
         return min(held) if held else None
 
-    def deliver(self, records: list, names: Sequence[str], seq: int = 0) -> None:
+    def deliver(self, records: list, names: Sequence[str], seq: int = 0, nbytes: int = 0) -> None:
         for n in names:
             q = self.queues.get(n)
             if q is None:
@@ -71,4 +73,4 @@ class Receiver:
                 continue
             recs = records_for(q.exporter, records)
             if recs:
-                q.put([], recs, seq)
+                q.put([], recs, seq, nbytes)
