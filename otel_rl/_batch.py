@@ -83,3 +83,27 @@ class Entry:
         e.t = parts[0].t
         e.parts = parts
         return e
+
+
+def gather_runs(todo: list[Entry], inflight: Entry | None, max_items: int, max_bytes: int) -> list[Entry]:
+    """The batches `todo` (oldest first) of a gathering queue as it would gather them, for its spool: a
+    frame is delivered as one call when it is read back, so the delivery after an outage makes as few
+    calls as a delivery from memory.  The batch in flight, and one split off a failed one, stay alone."""
+    out: list[Entry] = []
+    group: list[Entry] = []
+    n = b = 0
+    cap_b = max_bytes or float("inf")
+    for e in todo:
+        alone = e is inflight or e.alone
+        if group and (alone or n + e.n > max_items or b + e.nbytes > cap_b):
+            out.append(group[0] if len(group) == 1 else Entry.gather(group))
+            group, n, b = [], 0, 0
+        if alone:
+            out.append(e)
+            continue
+        group.append(e)
+        n += e.n
+        b += e.nbytes
+    if group:
+        out.append(group[0] if len(group) == 1 else Entry.gather(group))
+    return out

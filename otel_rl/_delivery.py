@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
-from ._batch import Entry, ExporterStats
+from ._batch import Entry, ExporterStats, gather_runs
 from ._memory import ITEM_BYTES, RELEASE_BYTES, release_memory
 from ._spill import Spiller, make_spool
 from ._values import warn_once
@@ -261,7 +261,7 @@ class DeliveryQueue:
                 self._mem_bytes = 0
                 self._spilling += 1
             if self._gather_s > 0:
-                todo = self._frames_of(todo, cur)
+                todo = gather_runs(todo, cur, _GATHER_MAX_ITEMS, self._gather_max_bytes)
             back: list[Entry] = []
             written = 0
             try:
@@ -281,29 +281,6 @@ class DeliveryQueue:
                     self._refresh()
                     self._cond.notify_all()
         return not back
-
-    def _frames_of(self, todo: list[Entry], inflight: Entry | None) -> list[Entry]:
-        """The batches of a gathering queue, as it would gather them, for the spool: a frame is delivered
-        as one call when it is read back, so the delivery after an outage makes as few calls as a
-        delivery from memory (the batch in flight, and a batch split off a failed one, stay alone)."""
-        out: list[Entry] = []
-        group: list[Entry] = []
-        n = b = 0
-        cap_b = self._gather_max_bytes or float("inf")
-        for e in todo:
-            alone = e is inflight or e.alone
-            if group and (alone or n + e.n > _GATHER_MAX_ITEMS or b + e.nbytes > cap_b):
-                out.append(group[0] if len(group) == 1 else Entry.gather(group))
-                group, n, b = [], 0, 0
-            if alone:
-                out.append(e)
-                continue
-            group.append(e)
-            n += e.n
-            b += e.nbytes
-        if group:
-            out.append(group[0] if len(group) == 1 else Entry.gather(group))
-        return out
 
     def _refresh(self) -> None:
         """Recompute the derived stats.  Under _cond."""
