@@ -136,3 +136,51 @@ def test_stalled_tracker_spools_from_the_start_within_the_memory_budget_then_del
     assert traces == (STEPS + 1) * TRAJECTORIES
     assert spans == (STEPS + 1) * TRAJECTORIES * (1 + OPS)
     assert sorted(points) == sorted((k, STEPS + 1, STEPS + 1) for k in KEYS)  # each point once
+
+
+def test_export_process_behind_the_batches_wait_on_disk_then_all_arrive_once(tmp_path, monkeypatch):
+    """The export process stopped (SIGSTOP: it reads nothing, its pipe fills): beyond `queue_max_bytes`
+    the batches for it wait in a file, not in the training process's memory, and all arrive once."""
+    from otel_rl.export_process.client import _OnDisk
+
+    store = f"sqlite:///{tmp_path}/mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
+    monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
+    project = f"behind-{uuid.uuid4().hex[:8]}"
+    keys = [f"k/{i}" for i in range(200)]
+    h = otel_rl.init(
+        project=project,
+        experiment="behind",
+        exporters=["mlflow"],
+        export_process="true",
+        batch_delay_s=0.02,
+        spool_dir=str(tmp_path / "spool"),
+        queue_max_bytes=BUDGET,
+    )
+    client = h._export_process
+    assert client is not None
+    otel_rl.log({k: 0.0 for k in keys}, step=0)
+    assert h.flush(60)
+    os.kill(client.pid, signal.SIGSTOP)
+    on_disk = seen = 0
+    try:
+        for n in range(1, 3001):
+            otel_rl.log({k: n + i / 1000 for i, k in enumerate(keys)}, step=n)
+            if n % 50 == 0:
+                time.sleep(0.03)
+                with client._cond:
+                    on_disk = max(on_disk, sum(type(m) is _OnDisk for m in client._out))
+                    seen = max(seen, client._out_bytes)
+                    assert client._out_bytes <= BUDGET + (1 << 20), client._out_bytes
+    finally:
+        os.kill(client.pid, signal.SIGCONT)
+    assert on_disk > 0, seen
+    assert h.flush(120)
+    h.shutdown()
+    from mlflow import MlflowClient
+
+    c = MlflowClient(store)
+    run = c.search_runs([c.get_experiment_by_name(project).experiment_id])[0]
+    for k in (keys[0], keys[-1]):
+        got = sorted(m.step for m in c.get_metric_history(run.info.run_id, k))
+        assert got == list(range(3001)), (k, len(got))
