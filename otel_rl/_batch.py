@@ -57,12 +57,14 @@ class Entry:
         "alone",
         "seq",
         "prepared",
+        "nbytes",
     )
 
-    def __init__(self, spans: list, records: list, n: int, frame: Any = None, seq: int = 0):
+    def __init__(self, spans: list, records: list, n: int, frame: Any = None, seq: int = 0, nbytes: int = 0):
         self.spans = spans
         self.records = records
         self.n = n
+        self.nbytes = nbytes  # what it takes in memory, estimated (the queue's byte budget counts it)
         self.seq = seq  # the export process's batch number it came in (0: none); see oldest_unsafe_seq
         self.frame = frame  # otel_rl.spool.store.Frame once written to the spool
         self.spans_done = False  # a retry after a records failure does not resend the spans
@@ -77,7 +79,31 @@ class Entry:
         """One delivery made of several memory batches, in order (their spans, then their records)."""
         spans = [s for p in parts for s in p.spans]
         records = [r for p in parts for r in p.records]
-        e = Entry(spans, records, sum(p.n for p in parts), seq=parts[0].seq)
+        e = Entry(spans, records, sum(p.n for p in parts), seq=parts[0].seq, nbytes=sum(p.nbytes for p in parts))
         e.t = parts[0].t
         e.parts = parts
         return e
+
+
+def gather_runs(todo: list[Entry], inflight: Entry | None, max_items: int, max_bytes: int) -> list[Entry]:
+    """The batches `todo` (oldest first) of a gathering queue as it would gather them, for its spool: a
+    frame is delivered as one call when it is read back, so the delivery after an outage makes as few
+    calls as a delivery from memory.  The batch in flight, and one split off a failed one, stay alone."""
+    out: list[Entry] = []
+    group: list[Entry] = []
+    n = b = 0
+    cap_b = max_bytes or float("inf")
+    for e in todo:
+        alone = e is inflight or e.alone
+        if group and (alone or n + e.n > max_items or b + e.nbytes > cap_b):
+            out.append(group[0] if len(group) == 1 else Entry.gather(group))
+            group, n, b = [], 0, 0
+        if alone:
+            out.append(e)
+            continue
+        group.append(e)
+        n += e.n
+        b += e.nbytes
+    if group:
+        out.append(group[0] if len(group) == 1 else Entry.gather(group))
+    return out

@@ -18,7 +18,8 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
-from ._batch import Entry, ExporterStats
+from ._batch import Entry, ExporterStats, gather_runs
+from ._memory import ITEM_BYTES, RELEASE_BYTES, release_memory
 from ._spill import Spiller, make_spool
 from ._values import warn_once
 from .exporters.base import DATA_ERRORS, is_data_error
@@ -27,6 +28,8 @@ _log = logging.getLogger("otel_rl")
 #: an idle queue with unsynced spool writes fsyncs them this often
 SYNC_INTERVAL_S = 1.0
 _GATHER_MAX_ITEMS = 20_000  # a gathered delivery holds at most this many items (spans + records)
+#: a batch read back from the spool takes about this many times its encoded size in memory
+SPOOLED_FACTOR = 4
 
 
 # Errors that say "this data is wrong", not "the tracker is unreachable": a batch that fails
@@ -43,9 +46,10 @@ class DeliveryQueue:
     With a spool (``spool=`` options or a `Spool`, or ``config=`` to derive them; see
     `otel_rl.spool.options_for` and docs/delivery.md) the in-memory queue spills to disk:
     when the exporter fails (everything in memory, then every new batch, until a delivery
-    succeeds), when memory holds more than `max_items`, when `wait_idle` times out (a flush)
-    and at shutdown.  Batches are always delivered oldest first: the spool's frames, then the
-    memory queue.  Without a spool, an overflowing queue drops its oldest batch (counted).
+    succeeds), when memory holds more than `max_items` items or `max_bytes` bytes (`queue_max_bytes`:
+    a stalled exporter, whose call neither returns nor fails, costs memory only up to it), when
+    `wait_idle` times out (a flush) and at shutdown.  Batches are always delivered oldest first: the
+    spool's frames, then the memory queue.  Without a spool, an overflowing queue drops its oldest batch (counted).
     """
 
     remote = False  # see otel_rl.export_process.client.RemoteQueue
@@ -60,6 +64,7 @@ class DeliveryQueue:
         spool: Any = None,
         config: Any = None,
         gather_s: float | None = None,
+        max_bytes: int | None = None,
     ):
         self.exporter = exporter
         # export_interval_s: an exporter that gathers (trackers, console, JSONL) gets the batches queued within
@@ -77,6 +82,7 @@ class DeliveryQueue:
         self.stats = ExporterStats()
         self._mem: deque[Entry] = deque()  # memory-only batches, all newer than the spool's frames
         self._mem_items = 0
+        self._mem_bytes = 0  # estimated (Entry.nbytes)
         self._current: Entry | None = None  # the batch being delivered
         self._cond = threading.Condition()
         self._io = threading.Lock()  # spool file state; taken before _cond, never while holding it
@@ -93,6 +99,13 @@ class DeliveryQueue:
         self._disk = Spiller(self._spool, self.name, max_items) if self._spool is not None else None
         self._inner = getattr(exporter, "inner", exporter)  # the bridge's wrapper: the exporter it delivers to
         self._write_through = bool(self._disk is not None and self._disk.write_through)
+        # queue_max_bytes: memory a spooled queue holds before its batches go to the spool; a gathered
+        # delivery (in flight as long as the exporter's call lasts) takes at most half of it
+        if max_bytes is None:
+            max_bytes = int(getattr(config, "queue_max_bytes", 0) or 0)
+        self._max_bytes = max(0, max_bytes) if self._spool is not None else 0
+        self._gather_max_bytes = self._max_bytes // 2
+        self._freed = 0  # bytes delivered since memory was last given back to the system
         self._recovering = self._spool is not None  # until the thread has looked at what an earlier run left
         self._thread = threading.Thread(target=self._run, name=f"otel-rl-export-{self.name}", daemon=True)
         self._thread.start()
@@ -107,19 +120,24 @@ class DeliveryQueue:
         return self._mem
 
     # -- caller side (pipeline worker, bridge) -------------------------------------------
-    def put(self, spans: list, records: list, seq: int = 0) -> bool:
+    def put(self, spans: list, records: list, seq: int = 0, nbytes: int = 0) -> bool:
         """Queue one batch.  Never waits for the exporter.  Returns False only when a write-through
         queue could not write the batch to its spool (it is then kept in memory).  `seq`: the number
-        of the export process's batch it came in (`oldest_unsafe_seq`)."""
+        of the export process's batch it came in (`oldest_unsafe_seq`); `nbytes`: what the batch takes
+        in memory, when the caller knows it better than the estimate by its items."""
         n = len(spans) + len(records)
         if not n:
             return True
-        entry = Entry(spans, records, n, seq=seq)
+        entry = Entry(spans, records, n, seq=seq, nbytes=nbytes or n * ITEM_BYTES)
         with self._cond:
             self._mem.append(entry)
             self._mem_items += n
+            self._mem_bytes += entry.nbytes
             spill = self._spool is not None and (
-                self._write_through or self._failing or self._mem_items > self._max_items
+                self._write_through
+                or self._failing
+                or self._mem_items > self._max_items
+                or 0 < self._max_bytes < self._mem_bytes
             )
             if not spill:
                 self._drop_overflow()
@@ -162,6 +180,9 @@ class DeliveryQueue:
             if e.spans and not e.spans_done:
                 n = len(e.spans)
                 e.spans = []
+                gone = e.nbytes * n // e.n
+                e.nbytes -= gone
+                self._mem_bytes -= gone
                 e.n -= n
                 self._mem_items -= n
                 shed += n
@@ -237,7 +258,10 @@ class DeliveryQueue:
                 todo = ([cur] if cur is not None else []) + list(self._mem)
                 self._mem.clear()
                 self._mem_items = 0
+                self._mem_bytes = 0
                 self._spilling += 1
+            if self._gather_s > 0:
+                todo = gather_runs(todo, cur, _GATHER_MAX_ITEMS, self._gather_max_bytes)
             back: list[Entry] = []
             written = 0
             try:
@@ -251,6 +275,7 @@ class DeliveryQueue:
                     if back:
                         self._mem.extendleft(reversed(back))
                         self._mem_items += sum(x.n for x in back)
+                        self._mem_bytes += sum(x.nbytes for x in back)
                         self._drop_overflow()
                     self.stats.spooled += written
                     self._refresh()
@@ -405,7 +430,7 @@ class DeliveryQueue:
                             self._dropped += frame.n_items
                             self._refresh()
                     continue
-                entry = Entry(batch[0], batch[1], frame.n_items, frame)
+                entry = Entry(batch[0], batch[1], frame.n_items, frame, nbytes=len(frame.payload) * SPOOLED_FACTOR)
                 with self._cond:
                     self._current = entry
                 return entry
@@ -417,7 +442,13 @@ class DeliveryQueue:
                     return None
                 self._cond.notify_all()  # idle: wake wait_idle()
                 dirty = disk is not None and disk.dirty
-                self._cond.wait(SYNC_INTERVAL_S if dirty else None)
+                freed = self._freed >= RELEASE_BYTES
+                if freed:
+                    self._freed = 0
+                else:
+                    self._cond.wait(SYNC_INTERVAL_S if dirty else None)
+            if freed:
+                release_memory()  # a backlog delivered: its memory back to the system
             if dirty and disk is not None:
                 with self._io:
                     if disk.dirty:
@@ -448,6 +479,7 @@ class DeliveryQueue:
             or self._stop
             or self._flushing
             or self._mem_items >= _GATHER_MAX_ITEMS
+            or 0 < self._gather_max_bytes <= self._mem_bytes
             or self._mem[0].alone
         ):
             return 0.0
@@ -458,14 +490,24 @@ class DeliveryQueue:
         (up to _GATHER_MAX_ITEMS; a batch split off a failed gathered one goes alone).  Under _cond."""
         entry = self._mem.popleft()
         self._mem_items -= entry.n
+        self._mem_bytes -= entry.nbytes
         if self._gather_s <= 0 or entry.alone:
             return entry
         parts = [entry]
         n = entry.n
-        while self._mem and not self._mem[0].alone and n + self._mem[0].n <= _GATHER_MAX_ITEMS:
+        b = entry.nbytes
+        cap_b = self._gather_max_bytes or float("inf")
+        while (
+            self._mem
+            and not self._mem[0].alone
+            and n + self._mem[0].n <= _GATHER_MAX_ITEMS
+            and b + self._mem[0].nbytes <= cap_b
+        ):
             e = self._mem.popleft()
             self._mem_items -= e.n
+            self._mem_bytes -= e.nbytes
             n += e.n
+            b += e.nbytes
             parts.append(e)
         return parts[0] if len(parts) == 1 else Entry.gather(parts)
 
@@ -478,6 +520,7 @@ class DeliveryQueue:
                 p.spans_done = p.spans_done or e.spans_done
                 self._mem.appendleft(p)
                 self._mem_items += p.n
+                self._mem_bytes += p.nbytes
             self._current = None
             self._refresh()
 
@@ -488,6 +531,8 @@ class DeliveryQueue:
                 sp.advance(e.frame)
             with self._cond:
                 self._current = None
+                if self._max_bytes:
+                    self._freed += e.nbytes
                 if delivered:
                     self.stats.exported += e.n
                     if e.frame is not None:
@@ -526,6 +571,7 @@ class DeliveryQueue:
             self._dropped += lost
             self._mem.clear()
             self._mem_items = 0
+            self._mem_bytes = 0
             self._current = None
             self._refresh()
             self._cond.notify_all()

@@ -61,6 +61,7 @@ class Config:
     batch_delay_s: float = 0.5  # the pipeline takes what was submitted this often (or at 512 items)
     export_interval_s: float = 1.0  # gathering exporters (trackers, console, JSONL): one delivery per interval
     queue_size: int = 100_000
+    queue_max_bytes: int = 32 << 20  # a spooled queue's memory (and the export process link's): beyond it, to disk
     record_overflow: str = "spill"  # log() records beyond queue_size: spill (to a file) | wait (the caller waits)
     rollout_defer_s: float = 5.0  # while trajectories are open, the pipeline leaves its batches for up to this long
     # durable delivery (docs/delivery.md): the on-disk spool behind each exporter's queue
@@ -108,6 +109,7 @@ ENV_KEYS: dict[str, str] = {
     "OTEL_RL_BATCH_DELAY_S": "batch_delay_s",
     "OTEL_RL_EXPORT_INTERVAL_S": "export_interval_s",
     "OTEL_RL_QUEUE_SIZE": "queue_size",
+    "OTEL_RL_QUEUE_MAX_BYTES": "queue_max_bytes",
     "OTEL_RL_RECORD_OVERFLOW": "record_overflow",
     "OTEL_RL_ROLLOUT_DEFER_S": "rollout_defer_s",
     "OTEL_RL_SPOOL_DIR": "spool_dir",
@@ -250,7 +252,7 @@ def _coerce(field: str, v: Any, source: str) -> Any:
         return _as_bool(label, v)
     if field == "tracing":
         return None if v is None else _as_bool(label, v)
-    if field == "spool_max_bytes":
+    if field in ("spool_max_bytes", "queue_max_bytes"):
         return _as_size(label, v)
     if field in ("spool_drop_policy", "spool_fsync"):
         choices = ("drop_oldest", "drop_newest") if field == "spool_drop_policy" else ("always", "batch", "never")

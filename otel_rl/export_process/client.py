@@ -15,9 +15,11 @@ from typing import Any
 
 from .._batch import ExporterStats
 from .._console import ConsoleTee
+from .._memory import RELEASE_BYTES, release_memory
 from .._values import warn_once
 from ..exporters.base import Exporter
 from ..records import Trajectory
+from .backlog import backlog_for
 from .frames import read_frame, write_frame
 from .ostune import wait_exit
 from .protocol import (
@@ -49,6 +51,16 @@ CHILD = (
     "signal.signal(signal.SIGTERM, lambda s, f: None); "
     "from otel_rl.export_process.server import main; sys.exit(main(sys.argv[1:]))"
 )
+
+
+class _OnDisk:
+    """A batch in `_out` whose payload waits in the backlog file."""
+
+    __slots__ = ("ref", "seq")
+
+    def __init__(self, seq: int, ref: tuple[int, int]) -> None:
+        self.seq = seq
+        self.ref = ref
 
 
 class RemoteExporter(Exporter):
@@ -132,7 +144,14 @@ class ExportProcessClient:
         # (seq, items, pickled Shipment): delivered again if the child dies
         self._unsettled: deque = deque()
         self._unsettled_items = 0
+        self._unsettled_bytes = 0
         self._max_unsettled = max(1000, int(getattr(config, "queue_size", 100_000)))
+        # (queue_max_bytes: with the tracker stalled, the child spools what it cannot hold and settles it;
+        # copies beyond this are forgotten oldest first all the same)
+        self._max_unsettled_bytes = max(1 << 20, int(getattr(config, "queue_max_bytes", 32 << 20) or 32 << 20))
+        self._released = 0  # bytes of copies forgotten since memory was last given back to the system
+        self._out_bytes = 0  # of the batches waiting in `_out` in memory
+        self._backlog = backlog_for(config)  # where batches beyond the budget wait instead (None: memory)
         self._stop_sent = False
         self._stopped = threading.Event()
         self._done = threading.Event()  # its exit hooks have run (`Done`), or it has ended
@@ -224,13 +243,26 @@ class ExportProcessClient:
         with self._cond:
             if self.alive and payload is not None:
                 self._seq += 1
-                self._out.append(Batch(self._seq, payload))
-                self._unsettled.append((self._seq, n_items, payload))
+                keep: Any = payload
+                if self._backlog is not None and self._out_bytes + len(payload) > self._max_unsettled_bytes:
+                    try:  # the export process is behind: the batch waits on disk, not in this process
+                        keep = self._backlog.put(payload)
+                    except OSError:
+                        keep = payload
+                if keep is payload:
+                    self._out.append(Batch(self._seq, payload))
+                    self._out_bytes += len(payload)
+                else:
+                    self._out.append(_OnDisk(self._seq, keep))
+                size = len(payload) if keep is payload else 0
+                self._unsettled.append((self._seq, n_items, keep, size))
                 self._unsettled_items += n_items
-                while self._unsettled_items > self._max_unsettled and len(self._unsettled) > 1:
+                self._unsettled_bytes += size
+                while (
+                    self._unsettled_items > self._max_unsettled or self._unsettled_bytes > self._max_unsettled_bytes
+                ) and len(self._unsettled) > 1:
                     # the oldest batch stays queued in the child; it only loses its re-delivery copy
-                    old = self._unsettled.popleft()
-                    self._unsettled_items -= old[1]
+                    self._forget(self._unsettled.popleft())
                 self._cond.notify_all()
                 return
         self._adopted.wait(30.0)
@@ -330,22 +362,33 @@ class ExportProcessClient:
 
     # -- threads ---------------------------------------------------------------------------
     def _send_loop(self) -> None:
+        # one message at a time, left in `_out` until written: what the pipe has not taken yet stays
+        # counted against the budget (and a batch waiting on disk is read back only now)
         while True:
             with self._cond:
                 while not self._out and self.alive:
                     self._cond.wait()
                 if not self.alive:
                     return
-                msgs = list(self._out)
-                self._out.clear()
+                m = self._out[0]
             try:
-                for m in msgs:
+                if type(m) is _OnDisk:
+                    with self._cond:
+                        payload = self._copy(m.ref)
+                    write_frame(self._w, Batch(m.seq, payload))
+                else:
                     write_frame(self._w, m)
-                    if type(m) is Stop:
-                        self._w.close()
-                        return
+                if type(m) is Stop:
+                    self._w.close()
+                    return
             except (OSError, ValueError):
                 return  # the reader sees the child end and takes over
+            with self._cond:
+                self._out.popleft()
+                if type(m) is Batch:
+                    self._out_bytes -= len(m.payload)
+                elif type(m) is _OnDisk and self._backlog is not None:
+                    self._backlog.done(m.ref)
 
     def _read_loop(self) -> None:
         try:
@@ -408,7 +451,24 @@ class ExportProcessClient:
         with self._cond:
             self._settled = max(self._settled, seq)
             while self._unsettled and self._unsettled[0][0] <= self._settled:
-                self._unsettled_items -= self._unsettled.popleft()[1]
+                old = self._unsettled.popleft()
+                self._forget(old)
+                self._released += old[3]
+            release = self._released >= RELEASE_BYTES and not self._unsettled
+            if release:
+                self._released = 0
+        if release:  # a backlog settled (a tracker that was stalled): its memory back to the system
+            release_memory()
+
+    def _forget(self, old: tuple) -> None:
+        """A re-delivery copy let go.  Under _cond."""
+        self._unsettled_items -= old[1]
+        self._unsettled_bytes -= old[3]
+        if self._backlog is not None and type(old[2]) is tuple:
+            self._backlog.done(old[2])
+
+    def _copy(self, keep: Any) -> bytes:
+        return keep if type(keep) is not tuple or self._backlog is None else self._backlog.get(keep)
 
     def _ended(self) -> None:
         if self.console is not None:
@@ -416,9 +476,10 @@ class ExportProcessClient:
         with self._cond:
             self.alive = False
             stopped = self._stopped.is_set()
-            left = [(seq, pickle.loads(payload)) for seq, _, payload in self._unsettled]
+            left = [(seq, pickle.loads(self._copy(keep))) for seq, _, keep, _ in self._unsettled]
             self._unsettled.clear()
             self._unsettled_items = 0
+            self._unsettled_bytes = 0
             self._cond.notify_all()
         try:
             wait_exit(self.proc, 5.0)

@@ -47,7 +47,9 @@ class Receiver:
         wire: list | None = None,
         resource_attrs: dict | None = None,
         seq: int = 0,
+        nbytes: int = 0,
     ) -> None:
+        """`nbytes`: what the batch takes in memory, when known (the queues' `queue_max_bytes` counts it)."""
         trajs = []
         if wire:
             spans = unpack(wire, self._resource_of(resource_attrs or {}), self.tokenizers)
@@ -55,7 +57,7 @@ class Receiver:
             with self._lock:
                 trajs = self._builder.build(spans)
                 self._note_held(spans, seq)
-        self.deliver(list(records) + trajs, names, seq)
+        self.deliver(list(records) + trajs, names, seq, nbytes)
 
     def _resource_of(self, attrs: dict) -> Resource:
         """The SDK `Resource` of `attrs` (one training process sends the same attributes each time)."""
@@ -91,7 +93,7 @@ class Receiver:
             held = [seq for tid, seq in self._held.items() if tid in pending]
         return min(held) if held else None
 
-    def deliver(self, records: list, names: Sequence[str], seq: int = 0) -> None:
+    def deliver(self, records: list, names: Sequence[str], seq: int = 0, nbytes: int = 0) -> None:
         for n in names:
             q = self.queues.get(n)
             if q is None:
@@ -100,4 +102,4 @@ class Receiver:
                 continue
             recs = records_for(q.exporter, records)
             if recs:
-                q.put([], recs, seq)
+                q.put([], recs, seq, nbytes)

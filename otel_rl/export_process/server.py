@@ -16,9 +16,11 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
+from .. import _memory
 from .._batch import ExporterStats
 from .._delivery import DeliveryQueue, wait_all_idle
 from .._exit import Outcome, quick_exit, tell_outcome
+from .._memory import SHIPPED_FACTOR
 from .._values import warn_once
 from .frames import read_frame, write_frame
 from .ostune import lower_priority, mark_absent, set_cpus
@@ -104,6 +106,7 @@ class Server:
         from ..exporters import registry
 
         self.config = config
+        _memory.collect_cycles = True  # this process's heap is its own work: collected after a backlog
         set_cpus(getattr(config, "export_process_cpus", None))
         self.receiver.max_chars = int(getattr(config, "max_value_chars", self.receiver.max_chars))
         self._start_by = time.monotonic() + _START_S
@@ -192,8 +195,9 @@ class Server:
         names: Sequence[str],
         wire: list | None = None,
         resource_attrs: dict | None = None,
+        nbytes: int = 0,
     ) -> None:
-        self.receiver.put(records, names, wire, resource_attrs, seq)
+        self.receiver.put(records, names, wire, resource_attrs, seq, nbytes)
         self.received = seq
 
     def console(self, chunks: list[tuple[str, str]]) -> None:
@@ -282,7 +286,8 @@ class Server:
         self.stop(float(stop.timeout_s), stop.failure)
 
     def _on_batch(self, msg: Batch) -> None:
-        self.put(msg.seq, *pickle.loads(msg.payload))
+        records, names, wire, resource_attrs = pickle.loads(msg.payload)  # a `protocol.Shipment`
+        self.put(msg.seq, records, names, wire, resource_attrs, nbytes=len(msg.payload) * SHIPPED_FACTOR)
 
     def _on_flush(self, msg: Flush) -> None:
         threading.Thread(target=self.flush, args=(msg.seq, float(msg.timeout_s)), daemon=True).start()
