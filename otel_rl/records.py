@@ -288,8 +288,8 @@ def metrics_from_attributes(attrs: Any) -> dict[str, float | int | bool]:
     return values
 
 
-def _node(span: Any) -> SpanNode:
-    attrs = dict(span.attributes or {})
+def _node(span: ReadableSpan) -> SpanNode:
+    attrs: dict[str, Any] = dict(span.attributes or {})
     status, msg = _status(span)
     events = [{"name": e.name, "time_ns": e.timestamp, "attributes": dict(e.attributes or {})} for e in span.events]
     return SpanNode(
@@ -308,7 +308,7 @@ def _node(span: Any) -> SpanNode:
     )
 
 
-def _tree(spans: Sequence[Any], root_span: Any | None) -> tuple[SpanNode, bool]:
+def _tree(spans: Sequence[ReadableSpan], root_span: ReadableSpan | None) -> tuple[SpanNode, bool]:
     nodes = {s.context.span_id: _node(s) for s in spans}
     root = nodes[root_span.context.span_id] if root_span is not None else None
     orphans = []
@@ -328,7 +328,15 @@ def _tree(spans: Sequence[Any], root_span: Any | None) -> tuple[SpanNode, bool]:
     return root, complete
 
 
-def is_record_span(span: Any) -> bool:
+def _rank(value: object) -> int:
+    """The worker rank a resource names (0 when it names none, or none that reads as a number)."""
+    try:
+        return int(value) if isinstance(value, (int, float, str)) and value != "" else 0
+    except ValueError:
+        return 0
+
+
+def is_record_span(span: ReadableSpan) -> bool:
     """A span that `RecordBuilder` turns into a record of its own (a log() call, a generations table,
     the run start) rather than a part of a trajectory."""
     name = span.name
@@ -341,14 +349,15 @@ class RecordBuilder:
     """Stateful: spans of a trajectory are held until its root span ends."""
 
     def __init__(self, max_pending_traces: int = 10_000):
-        self._pending: OrderedDict[int, list[Any]] = OrderedDict()
+        self._pending: OrderedDict[int, list[ReadableSpan]] = OrderedDict()
         self._max_pending = max_pending_traces
 
-    def build(self, spans: Iterable[Any]) -> list[Record]:
+    def build(self, spans: Iterable[ReadableSpan]) -> list[Record]:
         out: list[Record] = []
         for span in spans:
             name = span.name
-            attrs = span.attributes or {}
+            # the values as otel-rl's own spans carry them (the bridge has checked received ones: bridge.validate)
+            attrs: Mapping[str, Any] = span.attributes or {}
             if name == sc.SPAN_LOG and sc.RL_STEP in attrs:
                 out.append(
                     StepMetrics(
@@ -383,7 +392,7 @@ class RecordBuilder:
                     RunStart(
                         RunIdentity.from_attributes(span.resource.attributes),
                         config,
-                        int(span.resource.attributes.get(sc.RL_WORKER_RANK, 0) or 0),
+                        _rank(span.resource.attributes.get(sc.RL_WORKER_RANK)),
                         span.start_time or 0,
                     )
                 )
@@ -408,7 +417,7 @@ class RecordBuilder:
             held.append(span)
         return out
 
-    def pending(self) -> list[list[Any]]:
+    def pending(self) -> list[list[ReadableSpan]]:
         """The spans held for trajectories whose root has not ended, per trace (oldest first)."""
         return list(self._pending.values())
 
