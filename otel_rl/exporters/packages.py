@@ -20,6 +20,7 @@ import importlib.util
 import re
 import sys
 import threading
+import warnings
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -76,6 +77,9 @@ def pip_freeze_list() -> str:
     return "".join(found[k] + "\n" for k in sorted(found))
 
 
+_HIDDEN_NOTE = "hidden by otel-rl while a tracker library imports"
+
+
 class _Hider(importlib.abc.MetaPathFinder):
     """First on ``sys.meta_path``: an import of a hidden package (or of its modules) by the thread that hides it
     fails as if the package were not installed; every other thread imports as usual."""
@@ -86,14 +90,19 @@ class _Hider(importlib.abc.MetaPathFinder):
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
         names = self.hidden.get(threading.get_ident())
         if names and name.partition(".")[0] in names:
-            raise ModuleNotFoundError(
-                f"No module named {name!r} (hidden by otel-rl while a tracker library imports)", name=name
-            )
+            raise ModuleNotFoundError(f"No module named {name!r} ({_HIDDEN_NOTE})", name=name)
         return None
 
 
 _hider = _Hider()
 _hider_lock = threading.Lock()
+
+
+def _quiet_about_hidden() -> None:
+    """A library that loads optional plug-ins while the tracker's library imports reports the one a hidden
+    package stops, as a warning (pydantic, loading logfire's plug-in, which needs pygments).  What is hidden
+    is never used here, so those warnings, and only those (their message names the hiding), are not shown."""
+    warnings.filterwarnings("ignore", message=rf"(?s).*{re.escape(_HIDDEN_NOTE)}")
 
 
 @contextlib.contextmanager
@@ -115,6 +124,7 @@ def hidden_imports(names: Iterable[str]) -> Iterator[None]:
     me = threading.get_ident()
     with _hider_lock:
         if _hider not in sys.meta_path:
+            _quiet_about_hidden()
             sys.meta_path.insert(0, _hider)
         outer = _hider.hidden.get(me, frozenset())
         _hider.hidden[me] = outer | names

@@ -815,6 +815,9 @@ def test_export_process_imports_mlflow_without_pandas(tmp_path, how):
     assert f"pandas imported {how == 'probing'}" in p.stdout, p.stdout + p.stderr[-2000:]
     assert f"pygments imported {how == 'probing'}" in p.stdout, p.stdout + p.stderr[-2000:]
     assert f"mako highlights {how == 'probing'}" in p.stdout, p.stdout + p.stderr[-2000:]
+    # a library that loads its plug-ins while MLflow imports (pydantic loads logfire's, which needs pygments)
+    # does without the hidden package, and says nothing about it
+    assert "hidden by otel-rl" not in p.stderr, p.stderr[-3000:]
     client = MlflowClient(uri)
     (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
     assert run.data.params == {"a": "1"}
