@@ -21,7 +21,9 @@ import math
 import time
 from collections import OrderedDict
 from collections.abc import Iterable, KeysView, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
+
+from opentelemetry.util.types import AttributeValue
 
 from . import semconv as sc
 
@@ -71,6 +73,14 @@ class Generations:
     time_ns: int
 
 
+class SpanEvent(TypedDict):
+    """One event of a span (an exception, a message): its name, time and attributes."""
+
+    name: str
+    time_ns: int
+    attributes: dict[str, AttributeValue]
+
+
 @dataclasses.dataclass
 class SpanNode:
     name: str
@@ -79,12 +89,12 @@ class SpanNode:
     parent_id: int | None
     start_ns: int
     end_ns: int
-    attributes: dict[str, Any]
+    attributes: dict[str, AttributeValue]
     inputs: str | None
     output: str | None
     status: str  # "OK" | "ERROR" | "UNSET"
     status_message: str | None
-    events: list[dict[str, Any]]
+    events: list[SpanEvent]
     children: list[SpanNode] = dataclasses.field(default_factory=list)
 
     def walk(self) -> Iterable[SpanNode]:
@@ -188,10 +198,39 @@ def _parsed(text: Any) -> Any:
     return text
 
 
-def _number(value: Any) -> float | None:
+def _number(value: object) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     return float(value)
+
+
+def int_or_none(value: object) -> int | None:
+    """An attribute value as `int()` reads it (a number, a bool, or the text of an integer); None for
+    None and for anything `int()` would refuse (other text, NaN, infinity, arrays, bytes, mappings)."""
+    if isinstance(value, (int, float, str)):
+        try:
+            return int(value)
+        except (ValueError, OverflowError):
+            return None
+    return None
+
+
+def float_or_none(value: object) -> float | None:
+    """An attribute value as `float()` reads it (a number, a bool, or the text of a number); None for
+    None and for anything `float()` would refuse."""
+    if isinstance(value, (int, float, str)):
+        try:
+            return float(value)
+        except ValueError:
+            return None
+    return None
+
+
+def _array(value: object) -> Sequence[object]:
+    """The items of an array attribute; none when the value is absent or not an array."""
+    if isinstance(value, (tuple, list)):
+        return value
+    return ()
 
 
 def _short(value: Any) -> Any:
@@ -276,22 +315,38 @@ def _status(span: ReadableSpan) -> tuple[str, str | None]:
     return st.status_code.name, st.description
 
 
-def metrics_from_attributes(attrs: Any) -> dict[str, float | int | bool]:
-    """Rebuild one log() call's dict, in call order, with exact ints and bools."""
-    keys = attrs.get(sc.RL_METRICS_KEYS) or ()
-    vals = attrs.get(sc.RL_METRICS_VALUES) or ()
-    values: dict[str, float | int | bool] = {k: float(v) for k, v in zip(keys, vals)}
-    for k, v in zip(attrs.get(sc.RL_METRICS_INT_KEYS) or (), attrs.get(sc.RL_METRICS_INT_VALUES) or ()):
-        values[k] = int(v)
-    for k, v in zip(attrs.get(sc.RL_METRICS_BOOL_KEYS) or (), attrs.get(sc.RL_METRICS_BOOL_VALUES) or ()):
-        values[k] = bool(v)
+def metrics_from_attributes(attrs: Mapping[str, AttributeValue]) -> dict[str, float | int | bool]:
+    """Rebuild one log() call's dict, in call order, with exact ints and bools.
+
+    A key array or value array that is not an array counts as empty, and a value that is not a number
+    is left out with its key (the bridge refuses such spans; only a hand-made span can hold one)."""
+    values: dict[str, float | int | bool] = {}
+    for k, v in zip(_array(attrs.get(sc.RL_METRICS_KEYS)), _array(attrs.get(sc.RL_METRICS_VALUES))):
+        if type(k) is str and type(v) is float:  # as otel-rl writes them
+            values[k] = v
+        elif (f := float_or_none(v)) is not None:
+            values[str(k)] = f
+    for k, v in zip(_array(attrs.get(sc.RL_METRICS_INT_KEYS)), _array(attrs.get(sc.RL_METRICS_INT_VALUES))):
+        if type(k) is str and type(v) is int:
+            values[k] = v
+        elif (i := int_or_none(v)) is not None:
+            values[str(k)] = i
+    for k, v in zip(_array(attrs.get(sc.RL_METRICS_BOOL_KEYS)), _array(attrs.get(sc.RL_METRICS_BOOL_VALUES))):
+        values[str(k)] = bool(v)
     return values
 
 
+def _text(value: AttributeValue | None) -> str | None:
+    """An op's inputs / output attribute: JSON text (a value of another type as its `str`)."""
+    return value if value is None or isinstance(value, str) else str(value)
+
+
 def _node(span: ReadableSpan) -> SpanNode:
-    attrs: dict[str, Any] = dict(span.attributes or {})
+    attrs: dict[str, AttributeValue] = dict(span.attributes or {})
     status, msg = _status(span)
-    events = [{"name": e.name, "time_ns": e.timestamp, "attributes": dict(e.attributes or {})} for e in span.events]
+    events: list[SpanEvent] = [
+        {"name": e.name, "time_ns": e.timestamp, "attributes": dict(e.attributes or {})} for e in span.events
+    ]
     return SpanNode(
         name=span.name,
         kind=str(attrs.get(sc.RL_SPAN_KIND, sc.KIND_CHAIN)),
@@ -300,8 +355,8 @@ def _node(span: ReadableSpan) -> SpanNode:
         start_ns=span.start_time or 0,
         end_ns=span.end_time or 0,
         attributes=attrs,
-        inputs=attrs.pop(sc.RL_OP_INPUTS, None),
-        output=attrs.pop(sc.RL_OP_OUTPUT, None),
+        inputs=_text(attrs.pop(sc.RL_OP_INPUTS, None)),
+        output=_text(attrs.pop(sc.RL_OP_OUTPUT, None)),
         status=status,
         status_message=msg,
         events=events,
@@ -330,10 +385,24 @@ def _tree(spans: Sequence[ReadableSpan], root_span: ReadableSpan | None) -> tupl
 
 def _rank(value: object) -> int:
     """The worker rank a resource names (0 when it names none, or none that reads as a number)."""
+    return int_or_none(value) or 0
+
+
+def _score(value: object) -> float:
+    f = float_or_none(value)
+    return math.nan if f is None else f
+
+
+def _config(text: AttributeValue | None) -> dict[str, object]:
+    """The run config a `rl.run.config` JSON text holds; empty when there is none, or none that reads as a
+    JSON object."""
+    if not isinstance(text, str):
+        return {}
     try:
-        return int(value) if isinstance(value, (int, float, str)) and value != "" else 0
-    except ValueError:
-        return 0
+        config = json.loads(text or "{}")
+    except (ValueError, RecursionError):
+        return {}
+    return config if isinstance(config, dict) else {}
 
 
 def is_record_span(span: ReadableSpan) -> bool:
@@ -353,41 +422,48 @@ class RecordBuilder:
         self._max_pending = max_pending_traces
 
     def build(self, spans: Iterable[ReadableSpan]) -> list[Record]:
+        """The records these spans complete.
+
+        Attribute values are read by their type: the bridge refuses received spans whose record
+        attributes have the wrong type (`bridge.validate`), so only a hand-made span can hold one, and
+        then a log() or generations span whose step is no integer makes no record, a metric that is no
+        number is left out, a score that is no number reads as NaN, and a run config that is no JSON
+        object reads as empty."""
         out: list[Record] = []
         for span in spans:
             name = span.name
-            # the values as otel-rl's own spans carry them (the bridge has checked received ones: bridge.validate)
-            attrs: Mapping[str, Any] = span.attributes or {}
+            attrs: Mapping[str, AttributeValue] = span.attributes or {}
             if name == sc.SPAN_LOG and sc.RL_STEP in attrs:
-                out.append(
-                    StepMetrics(
-                        RunIdentity.from_attributes(span.resource.attributes),
-                        int(attrs[sc.RL_STEP]),
-                        metrics_from_attributes(attrs),
-                        span.end_time or time.time_ns(),
+                step = int_or_none(attrs[sc.RL_STEP])
+                if step is not None:
+                    out.append(
+                        StepMetrics(
+                            RunIdentity.from_attributes(span.resource.attributes),
+                            step,
+                            metrics_from_attributes(attrs),
+                            span.end_time or time.time_ns(),
+                        )
                     )
-                )
                 continue
             if name == sc.SPAN_GENERATIONS and sc.RL_STEP in attrs:
+                step = int_or_none(attrs[sc.RL_STEP])
                 rows = zip(
-                    attrs.get(sc.RL_GENERATIONS_INPUTS) or (),
-                    attrs.get(sc.RL_GENERATIONS_OUTPUTS) or (),
-                    attrs.get(sc.RL_GENERATIONS_SCORES) or (),
+                    _array(attrs.get(sc.RL_GENERATIONS_INPUTS)),
+                    _array(attrs.get(sc.RL_GENERATIONS_OUTPUTS)),
+                    _array(attrs.get(sc.RL_GENERATIONS_SCORES)),
                 )
-                out.append(
-                    Generations(
-                        RunIdentity.from_attributes(span.resource.attributes),
-                        int(attrs[sc.RL_STEP]),
-                        [(str(i), str(o), float(s)) for i, o, s in rows],
-                        span.end_time or 0,
+                if step is not None:
+                    out.append(
+                        Generations(
+                            RunIdentity.from_attributes(span.resource.attributes),
+                            step,
+                            [(str(i), str(o), _score(s)) for i, o, s in rows],
+                            span.end_time or 0,
+                        )
                     )
-                )
                 continue
             if name == sc.SPAN_RUN and span.parent is None:
-                try:
-                    config = json.loads(attrs.get(sc.RL_RUN_CONFIG) or "{}")
-                except ValueError:
-                    config = {}
+                config = _config(attrs.get(sc.RL_RUN_CONFIG))
                 out.append(
                     RunStart(
                         RunIdentity.from_attributes(span.resource.attributes),
@@ -433,10 +509,10 @@ class RecordBuilder:
             out.extend(self._partial(group))
         return out
 
-    def _partial(self, group: list[Any]) -> list[Record]:
+    def _partial(self, group: list[ReadableSpan]) -> list[Record]:
         return [self._trajectory(group, None)] if group else []
 
-    def _trajectory(self, spans: list[Any], root_span: Any | None) -> Trajectory:
+    def _trajectory(self, spans: list[ReadableSpan], root_span: ReadableSpan | None) -> Trajectory:
         root, complete = _tree(spans, root_span)
         a = root.attributes
         res = (root_span or spans[0]).resource.attributes
@@ -446,9 +522,9 @@ class RecordBuilder:
         return Trajectory(
             run=RunIdentity.from_attributes(res),
             trace_id=(root_span or spans[0]).context.trace_id,
-            step=int(step) if step is not None else None,
-            sample_index=int(si) if si is not None else None,
-            rollout_n=int(rn) if rn is not None else None,
+            step=int_or_none(step),
+            sample_index=int_or_none(si),
+            rollout_n=int_or_none(rn),
             validate=bool(a.get(sc.RL_VALIDATE, False)),
             name=str(a.get(sc.RL_TRAJECTORY_NAME, root.name)),
             root=root,

@@ -150,25 +150,9 @@ def _resolve_class_attrs(klass: type, module_globals: dict[str, object]) -> dict
     return _resolve(holder, module_globals)
 
 
-#: where a span goes in: typed by the span type `RecordBuilder` reads (a `ReadableSpan` once the export process's
-#: own span shape is gone) -- each entry must still hold Any, so this list can only shrink
-#: span attribute values, as records keep them: OpenTelemetry's own `AttributeValue` union would need narrowing
-#: at every reader (exporters included); the list can only shrink (the test below fails on an entry typed since)
-ATTRIBUTE_VALUES_UNTYPED = {
-    "otel_rl.records.SpanNode.__init__ attributes",
-    "otel_rl.records.SpanNode.__init__ events",
-    "otel_rl.records.SpanNode.attributes",
-    "otel_rl.records.SpanNode.events",
-    "otel_rl.records.metrics_from_attributes attrs",
-}
-
-
 def test_public_signatures_have_no_any():
-    found = _offenders()
-    bad = [b for b in found if b.split(":")[0] not in ATTRIBUTE_VALUES_UNTYPED]
+    bad = _offenders()
     assert not bad, "typing.Any in public signatures:\n" + "\n".join(bad)
-    typed_since = ATTRIBUTE_VALUES_UNTYPED - {b.split(":")[0] for b in found}
-    assert not typed_since, f"precisely typed now, take them off ATTRIBUTE_VALUES_UNTYPED: {sorted(typed_since)}"
 
 
 def test_any_detector_sees_nested_and_textual_any():

@@ -457,6 +457,18 @@ def test_bad_input(sqlite_uri, monkeypatch, caplog):
     assert llm.outputs["text"] == big_prompt
 
 
+def test_token_counts_read_by_their_type():
+    """A token count that is no integer (only a hand-made span holds one: the bridge refuses it) is left
+    out of the span's token usage; the other count is kept."""
+    from otel_rl.records import SpanNode
+    from otel_rl_mlflow._traces import ATTR_TOKEN_USAGE, SpanBuilder
+
+    attrs = {sc.GEN_AI_USAGE_INPUT_TOKENS: "many", sc.GEN_AI_USAGE_OUTPUT_TOKENS: 5}
+    node = SpanNode("llm", sc.KIND_LLM, 1, None, 0, 1, attrs, None, None, "OK", None, [])
+    usage = json.loads(SpanBuilder._attributes(node, '"tr-1"')[ATTR_TOKEN_USAGE])
+    assert usage == {"output_tokens": 5, "total_tokens": 5}
+
+
 def test_truncated_op_output_is_kept_as_text(sqlite_uri, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", sqlite_uri)
 

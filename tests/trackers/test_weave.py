@@ -279,6 +279,18 @@ def _failing_once(fn, after: int):
     return wrapper
 
 
+def test_usage_summary_reads_token_counts_by_their_type():
+    """A token count that is no integer (only a hand-made span holds one: the bridge refuses it) counts
+    as none."""
+    from otel_rl.records import SpanNode
+
+    attrs = {sc.GEN_AI_USAGE_INPUT_TOKENS: 3, sc.GEN_AI_USAGE_OUTPUT_TOKENS: ("x",), sc.GEN_AI_REQUEST_MODEL: "m"}
+    node = SpanNode("llm", sc.KIND_LLM, 1, None, 0, 1, attrs, None, None, "OK", None, [])
+    assert usage_summary(node) == {
+        "usage": {"m": {"requests": 1, "input_tokens": 3, "output_tokens": 0, "total_tokens": 3}}
+    }
+
+
 def test_bad_data_skips_one_trajectory_not_the_batch(weave_wal, caplog):
     client, root = weave_wal
     from otel_rl.config import resolve

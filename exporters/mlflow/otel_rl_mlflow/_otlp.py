@@ -19,10 +19,13 @@ from __future__ import annotations
 import json
 import struct
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from ._traces import RowSpan
+
+if TYPE_CHECKING:
+    from opentelemetry.util.types import AttributeValue
 
 _pack_double = struct.Struct("<d").pack
 _pack_fixed64 = struct.Struct("<Q").pack
@@ -153,7 +156,7 @@ def _attribute(key: str, text: str) -> bytes:
     return out
 
 
-def _event(name: str, attributes: dict, time_ns: int | None) -> bytes:
+def _event(name: str, attributes: Mapping[str, AttributeValue], time_ns: int | None) -> bytes:
     if time_ns is None:  # as OpenTelemetry's Event stamps one made without a time
         time_ns = time.time_ns()
     out = [_T_EVENT_TIME + _pack_fixed64(time_ns)] if time_ns else []

@@ -32,12 +32,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from otel_rl import semconv as sc
-from otel_rl.records import SpanNode, Trajectory
+from otel_rl.records import SpanNode, Trajectory, int_or_none
 
 from ._keys import MAX_TAG_VALUE_CHARS, MAX_TRACE_NAME_CHARS, truncate
+
+if TYPE_CHECKING:
+    from opentelemetry.util.types import AttributeValue
 
 # rl.span.kind -> mlflow.entities.SpanType (plain strings: SpanType is a namespace of str constants)
 SPAN_TYPES: dict[str, str] = {
@@ -138,7 +141,7 @@ class RowSpan:
         parent_span_id: int | None,
         name: str,
         attributes: dict[str, str],
-        events: list[tuple[str, dict, int | None]],
+        events: list[tuple[str, dict[str, AttributeValue], int | None]],
         status_code: str,
         status_message: str | None,
         start_ns: int,
@@ -249,15 +252,15 @@ class SpanBuilder:
             attrs[ATTR_INPUTS] = _json_text(node.inputs)
         if node.output is not None:
             attrs[ATTR_OUTPUTS] = _json_text(node.output)
-        tin = a.get(sc.GEN_AI_USAGE_INPUT_TOKENS)
-        tout = a.get(sc.GEN_AI_USAGE_OUTPUT_TOKENS)
+        tin = int_or_none(a.get(sc.GEN_AI_USAGE_INPUT_TOKENS))
+        tout = int_or_none(a.get(sc.GEN_AI_USAGE_OUTPUT_TOKENS))
         if tin is not None or tout is not None:
             usage = {}
             if tin is not None:
-                usage["input_tokens"] = int(tin)
+                usage["input_tokens"] = tin
             if tout is not None:
-                usage["output_tokens"] = int(tout)
-            usage["total_tokens"] = int(tin or 0) + int(tout or 0)
+                usage["output_tokens"] = tout
+            usage["total_tokens"] = (tin or 0) + (tout or 0)
             attrs[ATTR_TOKEN_USAGE] = _dumps(usage)
         model = a.get(sc.GEN_AI_RESPONSE_MODEL) or a.get(sc.GEN_AI_REQUEST_MODEL)
         if model:
@@ -324,8 +327,8 @@ def log_one_by_one(tracing: Any, experiment_id: str, run_id: str, trajs: list[Tr
         end_ms = max((n.end_ns for n in root.walk()), default=root.end_ns) // 1_000_000
         state = TraceState.ERROR if root.status == "ERROR" else TraceState.OK
         metadata = {"mlflow.sourceRun": run_id, "mlflow.trace_schema.version": "3"}
-        tin = sum(int(n.attributes.get(sc.GEN_AI_USAGE_INPUT_TOKENS) or 0) for n in root.walk())
-        tout = sum(int(n.attributes.get(sc.GEN_AI_USAGE_OUTPUT_TOKENS) or 0) for n in root.walk())
+        tin = sum(int_or_none(n.attributes.get(sc.GEN_AI_USAGE_INPUT_TOKENS)) or 0 for n in root.walk())
+        tout = sum(int_or_none(n.attributes.get(sc.GEN_AI_USAGE_OUTPUT_TOKENS)) or 0 for n in root.walk())
         if tin or tout:
             metadata["mlflow.trace.tokenUsage"] = json.dumps(
                 {"input_tokens": tin, "output_tokens": tout, "total_tokens": tin + tout}

@@ -14,7 +14,7 @@ from typing import Any
 from otel_rl import semconv as sc
 from otel_rl.exporters.base import warn_once
 from otel_rl.exporters.tracker import TrackerExporter
-from otel_rl.records import RunIdentity, RunStart, SpanNode, Trajectory
+from otel_rl.records import RunIdentity, RunStart, SpanNode, Trajectory, int_or_none
 
 _log = logging.getLogger("otel_rl")
 
@@ -157,11 +157,11 @@ def call_meta(t: Trajectory, node: SpanNode, is_root: bool) -> dict[str, Any]:
 def usage_summary(node: SpanNode) -> dict[str, Any] | None:
     """GenAI token usage as Weave's ``summary.usage[model]`` (summed into parents by Weave)."""
     a = node.attributes
-    tin, tout = a.get(sc.GEN_AI_USAGE_INPUT_TOKENS), a.get(sc.GEN_AI_USAGE_OUTPUT_TOKENS)
-    if tin is None and tout is None:
+    n_in, n_out = a.get(sc.GEN_AI_USAGE_INPUT_TOKENS), a.get(sc.GEN_AI_USAGE_OUTPUT_TOKENS)
+    if n_in is None and n_out is None:
         return None
     model = str(a.get(sc.GEN_AI_RESPONSE_MODEL) or a.get(sc.GEN_AI_REQUEST_MODEL) or "unknown")
-    tin, tout = int(tin or 0), int(tout or 0)
+    tin, tout = int_or_none(n_in) or 0, int_or_none(n_out) or 0
     return {"usage": {model: {"requests": 1, "input_tokens": tin, "output_tokens": tout, "total_tokens": tin + tout}}}
 
 
