@@ -43,6 +43,8 @@ def redact_url(url: str) -> str:
         p = urllib.parse.urlsplit(url)
     except ValueError:
         return "<unparsable URL>"
+    if p.password is None and not p.query:
+        return url  # nothing to hide; rebuilt, ``sqlite:////abs/path`` would lose a slash
     netloc = p.netloc
     if p.password is not None:
         netloc = f"{p.username}:***@{p.hostname}" + (f":{p.port}" if p.port else "")

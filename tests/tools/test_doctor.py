@@ -90,6 +90,8 @@ def test_writable_paths_pass_and_report_free_space(tmp_path):
     for c in find(res, "file") + find(res, "mlflow"):
         assert c.status == "ok", c
     assert "will be created" in find(res, "file", "JSONL file").detail
+    # the URI as set (an absolute sqlite path has four slashes)
+    assert find(res, "mlflow", "tracking URI").detail == f"MLFLOW_TRACKING_URI=sqlite:///{tmp_path}/mlruns.db"
 
 
 def test_missing_and_malformed_wandb_key(tmp_path):
@@ -482,3 +484,10 @@ def test_cli_every_endpoint_dead_behind_a_silent_dns_server_within_10_s(tmp_path
     dns = {c["subject"] for c in doc["checks"] if c["status"] == "fail" and "DNS: no answer" in c["detail"]}
     assert dns == {"wandb", "mlflow", "swanlab", "weave", "otlp"}, doc
     assert took <= 10, took
+
+
+def test_cli_bad_arguments_exit_2(tmp_path):
+    from otel_rl import cli
+
+    assert cli.main(["doctor", "--min-free", "lots"]) == 2
+    assert cli.main(["doctor", "--config", str(tmp_path / "missing.yaml")]) == 2
