@@ -41,7 +41,8 @@ window.addEventListener('load', function () { setTimeout(function () {
   });
   var pre = document.createElement('pre'); pre.id = 'otel-rl-probe'; pre.textContent = JSON.stringify({
     charts: out, trajectories: Array.from(document.querySelectorAll('.traj')).map(function (d) {
-      return {trace: d.dataset.traceId, label: d.dataset.label, turns: d.querySelectorAll('tr').length - 1}; }),
+      return {trace: d.dataset.traceId, label: d.dataset.label, turns: d.querySelectorAll('tr').length - 1,
+              error: (d.querySelector('p.err') || {textContent: ''}).textContent}; }),
     config_rows: document.querySelectorAll('#config tr').length - 1});
   document.body.appendChild(pre);
 }, 300); });
@@ -186,6 +187,18 @@ def test_plan_puts_every_key_in_one_chart_verl_names_first():
     assert other == {"(no prefix)": ["alpha"], "actor/*": ["actor/grad_norm"], "zeta/*": ["zeta/a", "zeta/b"]}
 
 
+def test_cli_writes_beside_the_run_and_prints_the_path(tmp_path, capsys):
+    write_run(tmp_path / "run.jsonl")
+    assert cli.main(["report", str(tmp_path / "run.jsonl")]) == 0
+    page = tmp_path / "run.report.html"
+    assert capsys.readouterr().out.strip() == str(page) and page.stat().st_size > 1_000_000  # plotly.js inside
+    assert cli.main(["report", str(tmp_path / "missing.jsonl")]) == 2
+    assert cli.main(["report"]) == 2
+    (tmp_path / "empty.jsonl").write_text("")
+    assert cli.main(["report", str(tmp_path / "empty.jsonl")]) == 1
+    assert "holds no metrics" in capsys.readouterr().err
+
+
 def test_jsonl_values_last_per_step_and_gaps(tmp_path):
     want = write_run(tmp_path / "run.jsonl")
     data = read_jsonl(str(tmp_path / "run.jsonl"))
@@ -278,10 +291,9 @@ def test_demo_ends_with_a_report_of_its_run(tmp_path):
 
 
 @pytest.mark.slow
-def test_mlflow_run_report_has_best_worst_and_failed_trajectories(store, tmp_path):
+def test_mlflow_run_report_has_best_worst_and_failed_trajectories(store, tmp_path, monkeypatch, capsys):
     from mlflow import MlflowClient
 
-    from otel_rl.report import write_report
     from otel_rl.report.data import load
 
     from .conftest import FAILED, PROJECT, SAMPLES, STEPS
@@ -302,8 +314,17 @@ def test_mlflow_run_report_has_best_worst_and_failed_trajectories(store, tmp_pat
             str(i) for i in range(SAMPLES) if (step, i) in FAILED
         ]
         assert all(t.status == "ERROR" for t in got.get("failed", []))
-    page = Path(write_report(mlflow_run_id=run.info.run_id, tracking_uri=uri, output=str(tmp_path / "r.html")))
+        assert [t.error for t in got.get("failed", [])] == [f"RuntimeError: tool crashed at step {step}"] * len(
+            got.get("failed", [])
+        )
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)  # the tracking URI as the trainer has it
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["report", "--mlflow-run-id", run.info.run_id]) == 0
+    page = tmp_path / f"mlflow-{run.info.run_id}.report.html"
+    assert capsys.readouterr().out.strip() == str(page)
     got = render(page, tmp_path, "report-mlflow.png")
     assert check_charts(got, data.metrics) == set(data.metrics)
     assert [t["label"] for t in got["trajectories"]] == [t.label for t in data.trajectories]
     assert "failed" in [t["label"] for t in got["trajectories"]]
+    for shown, view in zip(got["trajectories"], data.trajectories):  # why it failed, on the page
+        assert shown["error"] == (f"failed: {view.error}" if view.label == "failed" else "")
