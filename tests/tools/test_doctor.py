@@ -491,3 +491,24 @@ def test_cli_bad_arguments_exit_2(tmp_path):
 
     assert cli.main(["doctor", "--min-free", "lots"]) == 2
     assert cli.main(["doctor", "--config", str(tmp_path / "missing.yaml")]) == 2
+
+
+def test_library_version_outside_the_plugins_requirement_fails(tmp_path, monkeypatch):
+    """A plug-in whose metadata wants another tracker version than the installed one (a dist-info on sys.path,
+    read through importlib.metadata as pip leaves it)."""
+    from otel_rl.doctor import check_library, dist_version
+
+    have = dist_version("mlflow")
+    for name, req in (("otel_rl_oldplug", "mlflow<3"), ("otel_rl_okplug", "mlflow>=3.0")):
+        info = tmp_path / f"{name}-1.0.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\nRequires-Dist: {req}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    bad = check_library("mlflow", "mlflow", "otel_rl_oldplug")
+    assert [c.status for c in bad] == ["fail"]
+    assert bad[0].detail == f"mlflow {have} installed; otel_rl_oldplug needs mlflow<3"
+    assert bad[0].fix == "run `pip install 'mlflow<3'`"
+    ok = check_library("mlflow", "mlflow", "otel_rl_okplug")
+    assert [c.status for c in ok] == ["ok"] and "(needs >=3.0)" in ok[0].detail
+    missing = check_library("mlflow", "mlflow", "otel_rl_not_installed")
+    assert missing[0].status == "fail" and missing[0].detail == "otel_rl_not_installed is not installed"
