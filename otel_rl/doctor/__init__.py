@@ -12,12 +12,12 @@ each step bounded by ``--timeout``.
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import functools
 import json
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -368,20 +368,23 @@ def _unknown(name: str) -> list[Check]:
     return [Check(name, "exporter", "ok", "installed (a plug-in: nothing more to check)")]
 
 
-def tasks(cfg: Config, env: Mapping[str, str], timeout: float, min_free: int) -> list[Task]:
-    """One task per subject, in the order the lines are printed."""
-    out: list[Task] = []
+def tasks(cfg: Config, env: Mapping[str, str], timeout: float, min_free: int) -> list[tuple[str, Task]]:
+    """(subject, task) per subject, in the order the lines are printed."""
+    out: list[tuple[str, Task]] = []
     if cfg.disabled:
         out.append(
-            lambda: [
-                Check(
-                    "otel-rl",
-                    "enabled",
-                    "warn",
-                    "telemetry is disabled (OTEL_SDK_DISABLED=true or otel_rl.disabled)",
-                    "unset it to record anything",
-                )
-            ]
+            (
+                "otel-rl",
+                lambda: [
+                    Check(
+                        "otel-rl",
+                        "enabled",
+                        "warn",
+                        "telemetry is disabled (OTEL_SDK_DISABLED=true or otel_rl.disabled)",
+                        "unset it to record anything",
+                    )
+                ],
+            )
         )
     for name in cfg.exporter_names():
         fn = EXPORTER_CHECKS.get(name)
@@ -389,42 +392,64 @@ def tasks(cfg: Config, env: Mapping[str, str], timeout: float, min_free: int) ->
             continue
         role = " (trace backend)" if name == cfg.trace_backend and name not in cfg.exporters else ""
         if fn is None:
-            out.append(functools.partial(_unknown, name))
+            out.append((name, functools.partial(_unknown, name)))
         else:
-            out.append(functools.partial(_exporter_checks, fn, role, cfg, env, timeout, min_free))
-    out.append(lambda: local.check_spool(cfg, min_free))
-    out.append(lambda: local.check_log_levels(env))
+            out.append((name + role, functools.partial(_exporter_checks, fn, role, cfg, env, timeout, min_free)))
+    out.append(("spool", lambda: local.check_spool(cfg, min_free)))
+    out.append(("log level", lambda: local.check_log_levels(env)))
     return out
+
+
+def time_bound(timeout: float) -> float:
+    """Seconds all checks get together: a subject's steps stop at its first failure, so with every endpoint
+    dead the checks end after about one `timeout`; a service that answers slowly step after step is cut
+    off here (8 s at the default timeout of 3 s)."""
+    return 2 * timeout + 2.0
 
 
 def run_checks(
     cfg: Config, env: Mapping[str, str] | None = None, timeout: float = 3.0, min_free: int = 1 << 30
 ) -> list[Check]:
-    """All checks, network ones at the same time; the lines come back in a fixed order."""
+    """All checks, each subject in a thread of its own; the lines come back in a fixed order.
+
+    The threads are daemon threads: a check still running at `time_bound` is a failed line of its subject,
+    and the process does not wait for it when it ends."""
     env = os.environ if env is None else env
     jobs = tasks(cfg, env, timeout, min_free)
-    # a subject's steps stop at the first failure, but one that trickles answers could go on: the whole run
-    # is bounded, and a check still running then is a line of its own
-    deadline = time.monotonic() + 3 * timeout + 2.0
-    pool = concurrent.futures.ThreadPoolExecutor(max(1, len(jobs)))
-    futures = [pool.submit(j) for j in jobs]
+    bound = time_bound(timeout)
+    deadline = time.monotonic() + bound
+    results: list[list[Check] | BaseException | None] = [None] * len(jobs)
+    threads = []
+    for i, (_, job) in enumerate(jobs):
+
+        def work(i: int = i, job: Task = job) -> None:
+            try:
+                results[i] = job()
+            except Exception as exc:  # a check's own bug is a line, not a crash
+                results[i] = exc
+
+        t = threading.Thread(target=work, name="otel-rl-doctor", daemon=True)
+        t.start()
+        threads.append(t)
     out: list[Check] = []
-    for f in futures:
-        try:
-            out += f.result(max(0.0, deadline - time.monotonic()))
-        except concurrent.futures.TimeoutError:
+    for (subject, _), t, i in zip(jobs, threads, range(len(jobs))):
+        t.join(max(0.0, deadline - time.monotonic()))
+        got = results[i]
+        if t.is_alive():
             out.append(
                 Check(
-                    "doctor",
+                    subject,
                     "time",
                     "fail",
-                    f"a check did not finish within {3 * timeout + 2:g} s",
-                    "run again with a larger --timeout",
+                    f"the checks did not finish within {bound:g} s: an endpoint answers, but too slowly "
+                    "(or trickles its answer)",
+                    f"check the service's health; run again with a larger --timeout (now {timeout:g} s)",
                 )
             )
-        except Exception as exc:  # a check's own bug is a line, not a crash
-            out.append(Check("doctor", "internal", "fail", f"{type(exc).__name__}: {exc}", "report this"))
-    pool.shutdown(wait=False)
+        elif isinstance(got, BaseException):
+            out.append(Check(subject, "internal", "fail", f"{type(got).__name__}: {got}", "report this"))
+        else:
+            out += got or []
     return out
 
 
@@ -450,7 +475,7 @@ def add_arguments(parser: Any) -> None:
         type=float,
         default=3.0,
         metavar="S",
-        help="seconds allowed to each network step (DNS, TCP, TLS, HTTP; default 3)",
+        help="seconds allowed to each network step (DNS, TCP, TLS, HTTP; default 3); all checks: at most 2*S+2 s",
     )
     parser.add_argument(
         "--min-free", default="1GiB", metavar="SIZE", help="free disk space below this is a failure (default 1GiB)"

@@ -16,6 +16,7 @@ import http.client
 import os
 import socket
 import ssl
+import threading
 import time
 import urllib.parse
 from typing import Any
@@ -42,6 +43,8 @@ def redact_url(url: str) -> str:
         p = urllib.parse.urlsplit(url)
     except ValueError:
         return "<unparsable URL>"
+    if p.password is None and not p.query:
+        return url  # nothing to hide; rebuilt, ``sqlite:////abs/path`` would lose a slash
     netloc = p.netloc
     if p.password is not None:
         netloc = f"{p.username}:***@{p.hostname}" + (f":{p.port}" if p.port else "")
@@ -69,12 +72,27 @@ def proxy_for(url: str, explicit: str | None = None, env: Any = None) -> str | N
 
 
 def _resolve(host: str, port: int, timeout: float) -> list[Any]:
-    # getaddrinfo has no timeout of its own: a resolver that does not answer is waited for here
-    pool = concurrent.futures.ThreadPoolExecutor(1)
-    try:
-        return pool.submit(socket.getaddrinfo, host, port, 0, socket.SOCK_STREAM).result(timeout)
-    finally:
-        pool.shutdown(wait=False)
+    """`socket.getaddrinfo`, waited for at most `timeout` seconds.
+
+    getaddrinfo has no timeout of its own (with a resolver that does not answer, glibc tries for 10 s and
+    more); it runs in a daemon thread, which the process does not wait for when it ends."""
+    done = threading.Event()
+    box: list[Any] = []
+
+    def work() -> None:
+        try:
+            box.append(socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM))
+        except BaseException as exc:  # handed to the caller
+            box.append(exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=work, name="otel-rl-doctor-dns", daemon=True).start()
+    if not done.wait(timeout):
+        raise concurrent.futures.TimeoutError
+    if isinstance(box[0], BaseException):
+        raise box[0]
+    return box[0]
 
 
 def _connect(host: str, port: int, timeout: float, what: str) -> tuple[socket.socket | None, str, str, str]:
@@ -283,6 +301,19 @@ def _probe(
                 "use http:// if the server has no TLS, or check its certificate",
                 via=via,
             )
+    # the socket's timeout bounds each read, not the answer: one that trickles in is cut off at `timeout`
+    cut = threading.Event()
+
+    def cut_off() -> None:
+        cut.set()
+        try:
+            s.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    watchdog = threading.Timer(timeout, cut_off)
+    watchdog.daemon = True
+    watchdog.start()
     try:
         conn = http.client.HTTPConnection(host, port, timeout=timeout)
         conn.sock = s
@@ -295,19 +326,15 @@ def _probe(
         resp = conn.getresponse()
         data = resp.read(65536)
         conn.close()
+        if cut.is_set():
+            raise TimeoutError
     except TimeoutError:
         s.close()
-        return Probe(
-            shown,
-            False,
-            "http",
-            f"HTTP: connected to {host}:{port} but no answer within {timeout:g} s "
-            "(the service hangs, or something in the way holds the connection)",
-            f"check that the {what} is healthy; restart it",
-            via=via,
-        )
+        return _no_answer(shown, host, port, timeout, what, via)
     except (http.client.HTTPException, OSError) as exc:
         s.close()
+        if cut.is_set():
+            return _no_answer(shown, host, port, timeout, what, via)
         return Probe(
             shown,
             False,
@@ -316,11 +343,25 @@ def _probe(
             f"check that port {port} serves HTTP(S) for the {what}",
             via=via,
         )
+    finally:
+        watchdog.cancel()
     code = resp.status
     res = Probe(shown, 200 <= code < 300, "http", status=code, body=data, via=via)
     if not res.ok:
         res.cause, res.fix = http_cause(code, what)
     return res
+
+
+def _no_answer(shown: str, host: str, port: int, timeout: float, what: str, via: str) -> Probe:
+    return Probe(
+        shown,
+        False,
+        "http",
+        f"HTTP: connected to {host}:{port} but no answer within {timeout:g} s "
+        "(the service hangs or trickles its answer, or something in the way holds the connection)",
+        f"check that the {what} is healthy; restart it",
+        via=via,
+    )
 
 
 def http_cause(code: int, what: str) -> tuple[str, str]:

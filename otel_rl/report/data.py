@@ -44,6 +44,7 @@ class TrajectoryView:
     trace_id: str
     status: str
     turns: list[Turn]
+    error: str = ""  # why a failed trajectory failed (its root span's exception or status)
 
 
 @dataclasses.dataclass
@@ -170,6 +171,18 @@ def _short(value: Any, limit: int = 600) -> str:
     return text if len(text) <= limit else text[:limit] + f"... [{len(text) - limit} more characters]"
 
 
+def _error_of(span: Any) -> str:
+    """The exception a span recorded (``Type: message``), else its error status' description."""
+    for e in getattr(span, "events", None) or []:
+        if e.name == sc.EVENT_EXCEPTION:
+            a = e.attributes or {}
+            return f"{a.get(sc.EXCEPTION_TYPE, '')}: {a.get(sc.EXCEPTION_MESSAGE, '')}".strip(": ")
+    status = getattr(getattr(span, "status", None), "status_code", "UNSET")
+    if str(getattr(status, "value", status)) == "ERROR":
+        return getattr(span.status, "description", "") or "error"
+    return ""
+
+
 def _turns(trace: Any) -> list[Turn]:
     out = []
     spans = sorted(trace.data.spans, key=lambda s: s.start_time_ns or 0)
@@ -178,13 +191,7 @@ def _turns(trace: Any) -> list[Turn]:
             continue
         status = getattr(getattr(s, "status", None), "status_code", "UNSET")
         status = getattr(status, "value", status)
-        error = ""
-        for e in getattr(s, "events", None) or []:
-            if e.name == sc.EVENT_EXCEPTION:
-                a = e.attributes or {}
-                error = f"{a.get(sc.EXCEPTION_TYPE, '')}: {a.get(sc.EXCEPTION_MESSAGE, '')}".strip(": ")
-        if not error and str(status) == "ERROR":
-            error = getattr(s.status, "description", "") or "error"
+        error = _error_of(s)
         inputs, output = s.inputs, s.outputs
         if isinstance(output, dict) and (sc.RESPONSE_TEXT in output or sc.PROMPT_TEXT in output):
             inputs = output.get(sc.PROMPT_TEXT, inputs)
@@ -197,6 +204,7 @@ def _view(trace: Any, label: str) -> TrajectoryView:
     tags = trace.info.tags
     state = str(getattr(trace.info.state, "value", trace.info.state))
     step = tags.get(sc.TAG_STEP)
+    root = next((s for s in trace.data.spans if s.parent_id is None), None)
     return TrajectoryView(
         int(step) if step and step.lstrip("-").isdigit() else None,
         label,
@@ -206,6 +214,7 @@ def _view(trace: Any, label: str) -> TrajectoryView:
         trace.info.trace_id,
         state,
         _turns(trace),
+        _error_of(root) if root is not None and state == "ERROR" else "",
     )
 
 

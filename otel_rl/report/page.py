@@ -220,7 +220,8 @@ def _trajectory(t: TrajectoryView) -> str:
         if rows
         else "<p>no child spans</p>"
     )
-    return f'<div class="traj" data-trace-id="{e(t.trace_id)}" data-label="{e(t.label)}">{head}{table}</div>'
+    err = f'<p class="err">failed: {e(t.error)}</p>' if t.error else ""
+    return f'<div class="traj" data-trace-id="{e(t.trace_id)}" data-label="{e(t.label)}">{head}{err}{table}</div>'
 
 
 def render(data: RunData) -> str:

@@ -39,8 +39,9 @@ def find(result, subject, name=None):
 def doctor_cli(args, env, timeout=60):
     env = dict(env, PYTHONPATH=os.environ.get("PYTHONPATH", str(REPO)))
     t0 = time.monotonic()
-    p = subprocess.run([str(VENV_BIN / "otel-rl"), "doctor", *args], env=env, capture_output=True, text=True,
-                       timeout=timeout)
+    p = subprocess.run(
+        [str(VENV_BIN / "otel-rl"), "doctor", *args], env=env, capture_output=True, text=True, timeout=timeout
+    )
     return p, time.monotonic() - t0
 
 
@@ -55,8 +56,12 @@ def test_dead_otlp_port_is_refused(tmp_path):
 def test_blackholed_port_times_out_within_the_timeout(tmp_path):
     with blackhole() as port:
         t0 = time.monotonic()
-        res = checks(["trainer.logger=[mlflow]"], clean_env(MLFLOW_TRACKING_URI=f"http://127.0.0.1:{port}"),
-                     tmp_path, timeout=0.5)
+        res = checks(
+            ["trainer.logger=[mlflow]"],
+            clean_env(MLFLOW_TRACKING_URI=f"http://127.0.0.1:{port}"),
+            tmp_path,
+            timeout=0.5,
+        )
         took = time.monotonic() - t0
     c = find(res, "mlflow", "endpoint")
     assert c.status == "fail" and "no answer within 0.5 s" in c.detail
@@ -64,26 +69,29 @@ def test_blackholed_port_times_out_within_the_timeout(tmp_path):
 
 
 def test_read_only_directory_is_named(tmp_path, readonly_dir):
-    res = checks(["trainer.logger=[file]", f"+otel_rl.jsonl_path={readonly_dir}/sub/run.jsonl"], clean_env(),
-                 tmp_path)
+    res = checks(["trainer.logger=[file]", f"+otel_rl.jsonl_path={readonly_dir}/sub/run.jsonl"], clean_env(), tmp_path)
     c = find(res, "file", "JSONL file")
     assert c.status == "fail" and "read-only" in c.detail and str(readonly_dir) in c.detail
 
 
 def test_full_filesystem_fails_write_and_free_space(tmp_path, full_fs):
-    res = checks(["trainer.logger=[mlflow]"], clean_env(MLFLOW_TRACKING_URI=f"sqlite:///{full_fs}/mlruns.db"),
-                 tmp_path)
+    res = checks(["trainer.logger=[mlflow]"], clean_env(MLFLOW_TRACKING_URI=f"sqlite:///{full_fs}/mlruns.db"), tmp_path)
     store, free = find(res, "mlflow", "store"), find(res, "mlflow", "free space")
     assert store.status == "fail" and "disk is full" in store.detail
     assert free.status == "fail" and "free" in free.detail
 
 
 def test_writable_paths_pass_and_report_free_space(tmp_path):
-    res = checks(["trainer.logger=[file,mlflow]", f"+otel_rl.jsonl_path={tmp_path}/a/b.jsonl"],
-                 clean_env(MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path}/mlruns.db"), tmp_path)
+    res = checks(
+        ["trainer.logger=[file,mlflow]", f"+otel_rl.jsonl_path={tmp_path}/a/b.jsonl"],
+        clean_env(MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path}/mlruns.db"),
+        tmp_path,
+    )
     for c in find(res, "file") + find(res, "mlflow"):
         assert c.status == "ok", c
     assert "will be created" in find(res, "file", "JSONL file").detail
+    # the URI as set (an absolute sqlite path has four slashes)
+    assert find(res, "mlflow", "tracking URI").detail == f"MLFLOW_TRACKING_URI=sqlite:///{tmp_path}/mlruns.db"
 
 
 def test_missing_and_malformed_wandb_key(tmp_path):
@@ -105,8 +113,11 @@ def test_offline_wandb_needs_no_key(tmp_path):
 
 def test_refusing_proxy_is_told_apart_from_the_server(tmp_path, refusing_proxy):
     env = clean_env(WANDB_API_KEY=SECRET, WANDB_BASE_URL="https://wandb.internal.test", NETRC=str(tmp_path / "x"))
-    res = checks(["trainer.logger=[wandb]", f"+trainer.wandb_proxy=http://user:pw@127.0.0.1:{refusing_proxy.port}"],
-                 env, tmp_path)
+    res = checks(
+        ["trainer.logger=[wandb]", f"+trainer.wandb_proxy=http://user:pw@127.0.0.1:{refusing_proxy.port}"],
+        env,
+        tmp_path,
+    )
     c = find(res, "wandb", "endpoint")
     assert c.status == "fail" and "refused the tunnel to wandb.internal.test:443" in c.detail
     assert "403" in c.detail and "user:***@" in c.detail and ":pw@" not in c.detail
@@ -114,8 +125,12 @@ def test_refusing_proxy_is_told_apart_from_the_server(tmp_path, refusing_proxy):
 
 
 def test_dead_proxy_from_https_proxy_variable(tmp_path):
-    env = clean_env(WANDB_API_KEY=SECRET, WANDB_BASE_URL="https://wandb.internal.test", NETRC=str(tmp_path / "x"),
-                    HTTPS_PROXY=f"http://127.0.0.1:{dead_port()}")
+    env = clean_env(
+        WANDB_API_KEY=SECRET,
+        WANDB_BASE_URL="https://wandb.internal.test",
+        NETRC=str(tmp_path / "x"),
+        HTTPS_PROXY=f"http://127.0.0.1:{dead_port()}",
+    )
     c = find(checks(["trainer.logger=[wandb]"], env, tmp_path), "wandb", "endpoint")
     assert c.status == "fail" and c.detail.count("proxy") >= 2 and "refused" in c.detail
 
@@ -172,8 +187,11 @@ def test_wrong_and_right_token_against_a_real_bridge(tmp_path):
     from bridge.helpers import BridgeProcess
     from bridge.helpers import clean_env as bridge_env
 
-    bridge = BridgeProcess(["--exporters", "console", "--auth-token-env", "BRIDGE_TOKEN", "--grpc-address", "off"],
-                           bridge_env(BRIDGE_TOKEN=SECRET), tmp_path)
+    bridge = BridgeProcess(
+        ["--exporters", "console", "--auth-token-env", "BRIDGE_TOKEN", "--grpc-address", "off"],
+        bridge_env(BRIDGE_TOKEN=SECRET),
+        tmp_path,
+    )
     try:
         base = ["trainer.logger=[otlp]", f"+otel_rl.otlp_endpoint=http://{bridge.http}"]
         res = checks(base + ["+otel_rl.otlp_headers=Authorization=Bearer wrong-token"], clean_env(), tmp_path)
@@ -208,13 +226,25 @@ def test_real_mlflow_server_version_and_api(tmp_path):
 @pytest.mark.slow
 def test_cli_every_endpoint_dead_is_bounded_and_exits_1(tmp_path):
     with blackhole() as hole:
-        env = clean_env(MLFLOW_TRACKING_URI=f"http://127.0.0.1:{hole}", WANDB_API_KEY=SECRET,
-                        WANDB_BASE_URL=f"http://127.0.0.1:{hole}", SWANLAB_API_KEY=SECRET,
-                        SWANLAB_API_HOST=f"http://127.0.0.1:{dead_port()}", WF_TRACE_SERVER_URL=f"http://127.0.0.1:{hole}",
-                        XDG_CACHE_HOME=str(tmp_path / "cache"), NETRC=str(tmp_path / "x"))
-        p, took = doctor_cli(["trainer.logger=[console,wandb,mlflow,swanlab,weave,otlp,file]",
-                              f"+otel_rl.otlp_endpoint=http://127.0.0.1:{hole}",
-                              f"+otel_rl.jsonl_path={tmp_path}/m.jsonl", "--json"], env)
+        env = clean_env(
+            MLFLOW_TRACKING_URI=f"http://127.0.0.1:{hole}",
+            WANDB_API_KEY=SECRET,
+            WANDB_BASE_URL=f"http://127.0.0.1:{hole}",
+            SWANLAB_API_KEY=SECRET,
+            SWANLAB_API_HOST=f"http://127.0.0.1:{dead_port()}",
+            WF_TRACE_SERVER_URL=f"http://127.0.0.1:{hole}",
+            XDG_CACHE_HOME=str(tmp_path / "cache"),
+            NETRC=str(tmp_path / "x"),
+        )
+        p, took = doctor_cli(
+            [
+                "trainer.logger=[console,wandb,mlflow,swanlab,weave,otlp,file]",
+                f"+otel_rl.otlp_endpoint=http://127.0.0.1:{hole}",
+                f"+otel_rl.jsonl_path={tmp_path}/m.jsonl",
+                "--json",
+            ],
+            env,
+        )
     assert p.returncode == 1, p.stderr
     doc = json.loads(p.stdout)
     assert doc["ok"] is False
@@ -241,10 +271,244 @@ def test_cli_dns_failure_with_a_resolver_that_does_not_answer(tmp_path):
         pytest.skip("a private resolv.conf needs a mount namespace (root)")
     conf = tmp_path / "resolv.conf"
     conf.write_text("nameserver 127.0.0.1\noptions timeout:1 attempts:1\n")
-    env = clean_env(MLFLOW_TRACKING_URI="http://mlflow.corp.example:5000", XDG_CACHE_HOME=str(tmp_path / "c"),
-                    PYTHONPATH=os.environ.get("PYTHONPATH", str(REPO)))
+    env = clean_env(
+        MLFLOW_TRACKING_URI="http://mlflow.corp.example:5000",
+        XDG_CACHE_HOME=str(tmp_path / "c"),
+        PYTHONPATH=os.environ.get("PYTHONPATH", str(REPO)),
+    )
     script = f"mount --bind {conf} /etc/resolv.conf && exec {VENV_BIN / 'otel-rl'} doctor 'trainer.logger=[mlflow]'"
     p = subprocess.run(["unshare", "-m", "sh", "-c", script], env=env, capture_output=True, text=True, timeout=60)
     assert p.returncode == 1, p.stdout + p.stderr
     line = next(x for x in p.stdout.splitlines() if "mlflow: endpoint" in x)
     assert "DNS:" in line and "mlflow.corp.example" in line
+
+
+class _Server:
+    """A local HTTP(S) server in a thread, answering GET paths from `routes` (path -> (status, body))."""
+
+    def __init__(self, routes: dict[str, tuple[int, bytes]], certfile: str | None = None) -> None:
+        import http.server
+        import ssl
+        import threading
+
+        class H(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+                status, body = routes.get(self.path.split("?", 1)[0], (404, b""))
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        if certfile:
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.load_cert_chain(certfile)
+            self.srv.socket = ctx.wrap_socket(self.srv.socket, server_side=True)
+        self.port = self.srv.server_address[1]
+        threading.Thread(target=self.srv.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.srv.shutdown()
+        self.srv.server_close()
+
+
+@pytest.mark.parametrize(
+    ("version", "status", "words"),
+    [
+        ("2.22.1", "fail", "no trace API for this client"),
+        ("3.2.0", "warn", "no span ingestion before 3.4"),
+        ("3.17.2", "ok", "server MLflow 3.17.2"),
+    ],
+)
+def test_mlflow_server_version_known_incompatible(tmp_path, version, status, words):
+    # what an MLflow server answers on these paths (/version is plain text); an older server than the client's
+    # trace APIs cannot be had from the package index here, so its answers are served
+    srv = _Server(
+        {
+            "/health": (200, b"OK"),
+            "/version": (200, version.encode()),
+            "/api/2.0/mlflow/experiments/search": (200, b'{"experiments": []}'),
+        }
+    )
+    try:
+        res = checks(
+            ["trainer.logger=[mlflow]"], clean_env(MLFLOW_TRACKING_URI=f"http://127.0.0.1:{srv.port}"), tmp_path
+        )
+    finally:
+        srv.close()
+    c = find(res, "mlflow", "server version")
+    assert c.status == status and words in c.detail, c
+    assert find(res, "mlflow", "API").status == "ok"
+
+
+def test_untrusted_tls_certificate_is_named(tmp_path):
+    cert = tmp_path / "self-signed.pem"
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-keyout",
+            str(cert),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    srv = _Server({"/health": (200, b"OK")}, certfile=str(cert))
+    try:
+        env = clean_env(MLFLOW_TRACKING_URI=f"https://127.0.0.1:{srv.port}")
+        c = find(checks(["trainer.logger=[mlflow]"], env, tmp_path), "mlflow", "endpoint")
+    finally:
+        srv.close()
+    assert c.status == "fail" and "TLS: certificate of 127.0.0.1 not trusted" in c.detail, c
+    assert "REQUESTS_CA_BUNDLE" in c.fix
+
+
+def test_trickling_server_is_cut_off_at_the_timeout(tmp_path):
+    import socket
+    import threading
+
+    lsock = socket.socket()
+    lsock.bind(("127.0.0.1", 0))
+    lsock.listen(8)
+    stop = threading.Event()
+
+    def serve() -> None:
+        # a status line, then one header line every 0.2 s, never the end of the headers
+        while not stop.is_set():
+            try:
+                c, _ = lsock.accept()
+            except OSError:
+                return
+            with c:
+                try:
+                    c.recv(4096)
+                    c.sendall(b"HTTP/1.1 200 OK\r\n")
+                    while not stop.wait(0.2):
+                        c.sendall(b"X-Slow: 1\r\n")
+                except OSError:
+                    pass
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        t0 = time.monotonic()
+        res = checks(
+            ["trainer.logger=[mlflow]"],
+            clean_env(MLFLOW_TRACKING_URI=f"http://127.0.0.1:{lsock.getsockname()[1]}"),
+            tmp_path,
+            timeout=1.0,
+        )
+        took = time.monotonic() - t0
+    finally:
+        stop.set()
+        lsock.close()
+    c = find(res, "mlflow", "endpoint")
+    assert c.status == "fail" and "no answer within 1 s" in c.detail and "trickles" in c.detail, c
+    assert find(res, "mlflow", "library").status == "ok"  # the subject's other lines are kept
+    assert took < 2.5, took
+
+
+def test_a_check_still_running_at_the_bound_fails_its_subject_only(tmp_path, monkeypatch):
+    import threading
+
+    from otel_rl import doctor
+
+    release = threading.Event()
+
+    def stuck(cfg, env, timeout, min_free):
+        release.wait(30)
+        return []
+
+    monkeypatch.setitem(doctor.EXPORTER_CHECKS, "file", stuck)
+    t0 = time.monotonic()
+    try:
+        res = checks(["trainer.logger=[file]"], clean_env(), tmp_path, timeout=0.5)
+        took = time.monotonic() - t0
+    finally:
+        release.set()
+    assert doctor.time_bound(0.5) == 3.0 and 3.0 <= took < 4.0, took
+    c = find(res, "file", "time")
+    assert c.status == "fail" and "did not finish within 3 s" in c.detail
+    assert find(res, "spool", "directory").status == "ok" and find(res, "log level")
+
+
+@pytest.mark.slow
+def test_cli_every_endpoint_dead_behind_a_silent_dns_server_within_10_s(tmp_path):
+    """The resolver itself is dead (answers nothing; glibc's own wait is 5 s x 2 attempts): the doctor still
+    ends within its bound, not when the resolver gives up."""
+    import socket
+
+    if os.geteuid() != 0:
+        pytest.skip("a private resolv.conf needs a mount namespace, and a DNS port, root")
+    silent = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        silent.bind(("127.0.0.77", 53))  # takes the queries, never answers
+    except OSError as exc:
+        pytest.skip(f"cannot bind a DNS port on 127.0.0.77: {exc}")
+    conf = tmp_path / "resolv.conf"
+    conf.write_text("nameserver 127.0.0.77\n")  # glibc's defaults: timeout 5 s, 2 attempts
+    env = clean_env(
+        MLFLOW_TRACKING_URI="http://mlflow.corp.example:5000",
+        WANDB_API_KEY=SECRET + "x" * 10,
+        SWANLAB_API_KEY=SECRET,
+        WF_TRACE_SERVER_URL="https://weave.corp.example",
+        XDG_CACHE_HOME=str(tmp_path / "c"),
+        NETRC=str(tmp_path / "x"),
+        PYTHONPATH=os.environ.get("PYTHONPATH", str(REPO)),
+    )
+    script = (
+        f"mount --bind {conf} /etc/resolv.conf && exec {VENV_BIN / 'otel-rl'} doctor --json "
+        "'trainer.logger=[console,wandb,mlflow,swanlab,weave,otlp]' "
+        "+otel_rl.otlp_endpoint=http://otlp.corp.example:4318"
+    )
+    try:
+        t0 = time.monotonic()
+        p = subprocess.run(["unshare", "-m", "sh", "-c", script], env=env, capture_output=True, text=True, timeout=60)
+        took = time.monotonic() - t0
+    finally:
+        silent.close()
+    assert p.returncode == 1, p.stdout + p.stderr
+    doc = json.loads(p.stdout)
+    dns = {c["subject"] for c in doc["checks"] if c["status"] == "fail" and "DNS: no answer" in c["detail"]}
+    assert dns == {"wandb", "mlflow", "swanlab", "weave", "otlp"}, doc
+    assert took <= 10, took
+
+
+def test_cli_bad_arguments_exit_2(tmp_path):
+    from otel_rl import cli
+
+    assert cli.main(["doctor", "--min-free", "lots"]) == 2
+    assert cli.main(["doctor", "--config", str(tmp_path / "missing.yaml")]) == 2
+
+
+def test_library_version_outside_the_plugins_requirement_fails(tmp_path, monkeypatch):
+    """A plug-in whose metadata wants another tracker version than the installed one (a dist-info on sys.path,
+    read through importlib.metadata as pip leaves it)."""
+    from otel_rl.doctor import check_library, dist_version
+
+    have = dist_version("mlflow")
+    for name, req in (("otel_rl_oldplug", "mlflow<3"), ("otel_rl_okplug", "mlflow>=3.0")):
+        info = tmp_path / f"{name}-1.0.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\nRequires-Dist: {req}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    bad = check_library("mlflow", "mlflow", "otel_rl_oldplug")
+    assert [c.status for c in bad] == ["fail"]
+    assert bad[0].detail == f"mlflow {have} installed; otel_rl_oldplug needs mlflow<3"
+    assert bad[0].fix == "run `pip install 'mlflow<3'`"
+    ok = check_library("mlflow", "mlflow", "otel_rl_okplug")
+    assert [c.status for c in ok] == ["ok"] and "(needs >=3.0)" in ok[0].detail
+    missing = check_library("mlflow", "mlflow", "otel_rl_not_installed")
+    assert missing[0].status == "fail" and missing[0].detail == "otel_rl_not_installed is not installed"

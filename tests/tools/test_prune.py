@@ -14,13 +14,14 @@ from pathlib import Path
 import pytest
 
 from otel_rl import cli
-from otel_rl.prune import TracePolicy, TraceRow, decide, parse_cutoff
+from otel_rl.prune import TracePolicy, TraceRow, decide, human, parse_cutoff
 from otel_rl.records import RunIdentity, StepMetrics
 from otel_rl.spool.codec import encode_batch
 from otel_rl.spool.replay import replay_one
 from otel_rl.spool.store import Spool, SpoolOptions
 
 from .conftest import FAILED, PROJECT, REPO, STEPS, TRACE_TABLES, VALIDATION_STEPS, SAMPLES
+
 
 @pytest.fixture
 def db(store, tmp_path):
@@ -39,8 +40,9 @@ def all_traces(client):
     exp = client.get_experiment_by_name(PROJECT)
     out, token = [], None
     while True:
-        page = client.search_traces(locations=[exp.experiment_id], include_spans=False, max_results=500,
-                                    page_token=token)
+        page = client.search_traces(
+            locations=[exp.experiment_id], include_spans=False, max_results=500, page_token=token
+        )
         out += list(page)
         token = page.token
         if not token:
@@ -67,17 +69,25 @@ def rows_left(db: Path, trace_ids: set[str]) -> dict[str, int]:
             cols = [r[1] for r in con.execute(f"PRAGMA table_info({table})")]
             col = "request_id" if "request_id" in cols else "trace_id"
             out[table] = sum(1 for (tid,) in con.execute(f"SELECT {col} FROM {table}") if tid in trace_ids)
-        out["entity_associations"] = sum(1 for (tid,) in con.execute(
-            "SELECT source_id FROM entity_associations WHERE source_type = 'TRACE' OR source_type = 'trace'")
-            if tid in trace_ids)
+        out["entity_associations"] = sum(
+            1
+            for (tid,) in con.execute(
+                "SELECT source_id FROM entity_associations WHERE source_type = 'TRACE' OR source_type = 'trace'"
+            )
+            if tid in trace_ids
+        )
         return out
     finally:
         con.close()
 
 
 def test_decide_keeps_exactly_the_policy_set():
-    rows = [TraceRow(f"t{s}-{v}-{f}", s, v, f, 100.0 + s) for s in range(1, 11) for v in (False, True)
-            for f in (False, True)]
+    rows = [
+        TraceRow(f"t{s}-{v}-{f}", s, v, f, 100.0 + s)
+        for s in range(1, 11)
+        for v in (False, True)
+        for f in (False, True)
+    ]
     gone, kept = decide(rows, TracePolicy(keep_last_steps=3, keep_every=4), running=False)
     assert {(r.step, r.validate, r.failed) for r in gone} == {(s, False, False) for s in (1, 2, 3, 5, 6, 7)}
     assert sum(kept.values()) + len(gone) == len(rows)
@@ -111,10 +121,20 @@ def test_yes_deletes_exactly_the_policy_set_and_leaves_no_rows(db):
     traces = all_traces(client)
     run = client.search_runs([client.get_experiment_by_name(PROJECT).experiment_id])[0]
     metrics_before = client.get_metric_history(run.info.run_id, "critic/score/mean")
-    want_kept = {key(t) for t in traces
-                 if key(t)[0] > STEPS - 4 or key(t)[0] % 5 == 0 or key(t)[2] or key(t)[:2] in FAILED}
-    rc, out = prune("--tracking-uri", f"sqlite:///{db}", "--experiment", PROJECT, "--keep-last-steps", "4",
-                    "--keep-every", "5", "--yes")
+    want_kept = {
+        key(t) for t in traces if key(t)[0] > STEPS - 4 or key(t)[0] % 5 == 0 or key(t)[2] or key(t)[:2] in FAILED
+    }
+    rc, out = prune(
+        "--tracking-uri",
+        f"sqlite:///{db}",
+        "--experiment",
+        PROJECT,
+        "--keep-last-steps",
+        "4",
+        "--keep-every",
+        "5",
+        "--yes",
+    )
     assert rc == 0, out
     after = all_traces(client_of(db))
     assert {key(t) for t in after} == want_kept
@@ -122,8 +142,17 @@ def test_yes_deletes_exactly_the_policy_set_and_leaves_no_rows(db):
     assert len(gone) == len(traces) - len(want_kept) and f"deleted {len(gone)} (steps 1-8)" in out
     assert set(rows_left(db, gone).values()) == {0}
     assert len(client_of(db).get_metric_history(run.info.run_id, "critic/score/mean")) == len(metrics_before)
-    rc, out = prune("--tracking-uri", f"sqlite:///{db}", "--experiment", PROJECT, "--keep-last-steps", "4",
-                    "--keep-every", "5", "--yes")
+    rc, out = prune(
+        "--tracking-uri",
+        f"sqlite:///{db}",
+        "--experiment",
+        PROJECT,
+        "--keep-last-steps",
+        "4",
+        "--keep-every",
+        "5",
+        "--yes",
+    )
     assert "deleted 0" in out  # the policy applied twice changes nothing more
 
 
@@ -132,8 +161,19 @@ def test_running_runs_newest_step_is_never_touched(db):
     client = client_of(db)
     run = client.search_runs([client.get_experiment_by_name(PROJECT).experiment_id])[0]
     client.update_run(run.info.run_id, status="RUNNING")
-    rc, out = prune("--tracking-uri", f"sqlite:///{db}", "--mlflow-run-id", run.info.run_id, "--keep-last-steps", "1",
-                    "--include-failed", "--include-validation", "--older-than", "0s", "--yes")
+    rc, out = prune(
+        "--tracking-uri",
+        f"sqlite:///{db}",
+        "--mlflow-run-id",
+        run.info.run_id,
+        "--keep-last-steps",
+        "1",
+        "--include-failed",
+        "--include-validation",
+        "--older-than",
+        "0s",
+        "--yes",
+    )
     assert rc == 0, out
     assert {key(t)[0] for t in all_traces(client_of(db))} == {STEPS}
     assert "newest step of a running run" in out
@@ -207,3 +247,68 @@ def test_bad_arguments_are_refused():
     assert prune("--experiment", "x")[0] == 2  # no criterion
     assert prune("--jsonl", "/tmp")[0] == 2  # no date
     assert prune("--spool", "/tmp", "--keep-every", "0")[0] == 2
+
+
+def test_spool_segments_before_the_ack_go_the_rest_replays_whole(tmp_path):
+    """A process that died after moving the ack past a segment but before unlinking it leaves a delivered
+    segment behind: prune removes exactly those, and the spool still opens with every undelivered item."""
+    path = tmp_path / "spool" / "mlflow"
+    sp = Spool(
+        SpoolOptions(path=str(path), segment_bytes=4096, meta={"exporter": "mlflow", "class": "x:y", "config": {}})
+    )
+    assert sp.open()
+    for step in range(60):
+        metrics = {f"k{i}": float(step) for i in range(20)}
+        sp.append(encode_batch([], [StepMetrics(RunIdentity("p", "e", "r"), step, metrics, step)], False), 1)
+    segs = sorted(path.glob("*.seg"))
+    assert len(segs) >= 4, segs
+    first = {p.name: p.read_bytes() for p in segs[:2]}
+    delivered = 0
+    while any((path / n).exists() for n in first):  # deliver until the first two segments are gone
+        sp.advance(sp.peek())
+        delivered += 1
+    sp.close(remove_if_empty=False)
+    for name, data in first.items():  # put them back, as a crash before the unlink leaves them
+        (path / name).write_bytes(data)
+    rc, out = prune("--spool", str(tmp_path / "spool"))
+    size = sum(len(d) for d in first.values())
+    assert rc == 0 and all((path / n).exists() for n in first)
+    assert f"would delete 2 delivered segment(s), {human(size)}" in out, out
+    rc, out = prune("--spool", str(tmp_path / "spool"), "--yes")
+    assert rc == 0 and f"deleted 2 delivered segment(s), {human(size)}" in out, out
+    assert not any((path / n).exists() for n in first)
+    assert sorted(p.name for p in path.glob("*.seg")) == [p.name for p in segs[2:]]
+    assert replay_one(str(path), list_only=True).pending_items == 60 - delivered
+    sp = Spool(
+        SpoolOptions(path=str(path), segment_bytes=4096, meta={"exporter": "mlflow", "class": "x:y", "config": {}})
+    )
+    assert sp.open()
+    try:
+        from otel_rl.spool.codec import decode_batch
+
+        steps = [m.step for f in sp.iter_pending() for m in decode_batch(f.payload)[1]]
+    finally:
+        sp.close(remove_if_empty=False)
+    assert steps == list(range(delivered, 60))
+
+
+@pytest.mark.slow
+def test_deletion_goes_in_batches_of_delete_batch_ids(db, monkeypatch):
+    from mlflow import MlflowClient
+
+    from otel_rl import prune as prune_mod
+
+    calls: list[int] = []
+
+    class Counting(MlflowClient):
+        def delete_traces(self, experiment_id, *args, trace_ids=None, **kw):
+            calls.append(len(trace_ids))
+            return super().delete_traces(experiment_id, *args, trace_ids=trace_ids, **kw)
+
+    monkeypatch.setattr(prune_mod, "DELETE_BATCH", 7)
+    client = Counting(f"sqlite:///{db}")
+    runs = prune_mod.mlflow_runs(client, PROJECT, None)
+    n, nbytes = prune_mod.prune_traces(client, runs, TracePolicy(keep_last_steps=2), True, io.StringIO())
+    assert n == sum(calls) and nbytes > 0
+    assert calls == [7] * (n // 7) + ([n % 7] if n % 7 else [])
+    assert len(all_traces(client_of(db))) == STEPS * SAMPLES + 2 * len(VALIDATION_STEPS) - n
