@@ -97,6 +97,7 @@ class AgentLoopOutput:
     answer_text: str
     problem: Problem
     sample_index: int = 0
+    tool_errors: int = 0  # calculator calls that raised (the policy then sees an empty result)
 
 
 class AgentLoop:
@@ -150,7 +151,7 @@ class AgentLoop:
             response: list[int] = []
             mask: list[int] = []
             turn: list[int] = []
-            assistant_turns = tool_calls = 0
+            assistant_turns = tool_calls = tool_errors = 0
             while assistant_turns < self.max_assistant_turns:
                 budget = self.max_response_length - len(response)
                 if budget <= 0:
@@ -166,9 +167,13 @@ class AgentLoop:
                     break
                 tool_calls += 1
                 call_id = f"call_{step}_{int(validate)}_{sample_index}_{rollout_n}_{tool_calls}"
-                result = await self.calculator(expression=problem.expression, tool_call_id=call_id)
                 room = max(0, self.max_response_length - len(response))
-                observation = [RESULT, *number_ids(result["result"]), EOS][:room]
+                try:
+                    result = await self.calculator(expression=problem.expression, tool_call_id=call_id)
+                    observation = [RESULT, *number_ids(result["result"]), EOS][:room]
+                except ValueError:  # the tool failed (its span says why): the turn goes on without a result
+                    tool_errors += 1
+                    observation = [RESULT, EOS][:room]
                 response += observation
                 mask += [0] * len(observation)
                 context += observation
@@ -185,4 +190,5 @@ class AgentLoop:
             answer_text,
             problem,
             sample_index,
+            tool_errors,
         )

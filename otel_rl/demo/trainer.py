@@ -274,6 +274,8 @@ class GRPOTrainer:
         m.update(_stats("prompt_length", prompt))
         m.update(_stats("num_turns", [o.num_turns for o in outs]))
         m.update(_stats("tool_call_counts", [o.tool_calls for o in outs]))
+        calls = sum(o.tool_calls for o in outs)
+        m["tool/error_rate"] = sum(o.tool_errors for o in outs) / calls if calls else 0.0
         return m
 
     def _grpo_advantages(self, scores: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
