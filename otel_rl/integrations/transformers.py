@@ -75,6 +75,12 @@ _open_step: list[int | None] = [None]
 # the callback whose step is open: a reward function's error leaves the training step (and trainer.train())
 # without on_step_end, so the step ends with that error (otherwise it would stay the current span)
 _stepping: list[Any] = [None]
+#: where this process's completions sit in the whole generation batch, from the trainer's arguments:
+#: (process index, number of processes, completions per prompt in training, ... in evaluation); None
+#: without the callback
+_layout: list[tuple[int, int, int | None, int | None] | None] = [None]
+#: batches numbered per (step, validate) kept at most (evaluation scores several batches at one step)
+_BATCHES_KEPT = 16
 
 
 def _number(v: Any) -> bool:
@@ -142,6 +148,11 @@ class OtelRLCallback(TrainerCallback):
             )
 
     # -- events -----------------------------------------------------------------------------
+    def on_init_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: object
+    ) -> None:
+        _note_layout(args)
+
     def on_train_begin(
         self,
         args: TrainingArguments,
@@ -150,6 +161,7 @@ class OtelRLCallback(TrainerCallback):
         model: object = None,
         **kwargs: object,
     ) -> None:
+        _note_layout(args)
         try:
             h = self._ensure(args, state, model)
             self._check_report_to(args, h)
@@ -256,6 +268,21 @@ def _end_step_in(exc: BaseException) -> None:
         callback._close_step(exc)
 
 
+def _note_layout(args: Any) -> None:
+    """Keep what `RewardTracer` needs to number completions across processes (see `_layout`)."""
+    try:
+        g = getattr(args, "num_generations", None)
+        g_eval = getattr(args, "num_generations_eval", None) or g
+        _layout[0] = (
+            int(getattr(args, "process_index", 0) or 0),
+            max(1, int(getattr(args, "world_size", 1) or 1)),
+            int(g) if g else None,
+            int(g_eval) if g_eval else None,
+        )
+    except Exception:
+        _layout[0] = None
+
+
 def _args_dict(args: Any) -> dict:
     try:
         d = args.to_dict()
@@ -305,8 +332,8 @@ class RewardTracer:
 
     - ``rl.step``: the optimizer step the batch was generated in (``OtelRLCallback``'s open step); outside
       a training step (evaluation) ``trainer_state.global_step`` and ``rl.validate=true``;
-    - ``rl.sample_index``: the prompt's group in the batch (consecutive completions of one prompt are one
-      sample, as GRPO generates them) and ``rl.rollout_n``: the completion's place in its group;
+    - ``rl.sample_index``: the prompt's group in the step's generation batch over all processes and
+      ``rl.rollout_n``: the completion's place in its group (see `_groups`);
     - a child ``completion`` span (LLM) with the prompt as input and ``{"completion", "response_ids"}``
       as output, and one ``reward <name>`` span (REWARD) per function with the prompt and completion as
       input and the function's score as output, or its exception;
@@ -322,6 +349,7 @@ class RewardTracer:
         self.names = list(names)
         self._lock = threading.Lock()
         self._batches: dict[int, dict[str, Any]] = {}
+        self._numbered: dict[tuple[Any, bool], int] = {}  # batches seen per (step, validate)
         self._ops = {n: otel_rl.op(_score, name=f"reward {n}", kind=sc.KIND_REWARD) for n in self.names}
         self._completion_op = otel_rl.generate(_completion, name="completion")
 
@@ -391,7 +419,12 @@ class RewardTracer:
         if step is None:
             state = kwargs.get("trainer_state")
             step, validate = (int(getattr(state, "global_step", 0)) if state is not None else None), True
-        groups = _groups(prompts)
+        with self._lock:
+            nth = self._numbered.get((step, validate), 0)
+            if (step, validate) not in self._numbered and len(self._numbered) >= _BATCHES_KEPT:
+                del self._numbered[next(iter(self._numbered))]
+            self._numbered[(step, validate)] = nth + 1
+        groups = _groups(prompts, validate, nth)
         failed = any(isinstance(v, BaseException) for v in scores.values())
         chosen = otel_rl.select_samples(step, sorted({g for g, _ in groups}), validate)
         for i, completion in enumerate(completions):
@@ -453,8 +486,21 @@ def _item(outcome: Any, i: int) -> Any:
     return v.item() if hasattr(v, "item") else v
 
 
-def _groups(prompts: Sequence[Any]) -> list[tuple[int, int]]:
-    """(sample index, rollout number) of each completion: consecutive equal prompts form one sample."""
+def _groups(prompts: Sequence[Any], validate: bool = False, nth: int = 0) -> list[tuple[int, int]]:
+    """(sample index, rollout number) of each completion of this process's part of the `nth` generation
+    batch of a step (evaluation scores several batches at one step).
+
+    With the trainer's arguments (`_layout`), as GRPO lays a batch out: the completions of all processes
+    one after the other (this process's part at ``process index * len(prompts)``), ``num_generations`` of
+    one prompt in a row, and the batches of a step one after the other; so the numbers are unique in the
+    step over all processes.  Without them, consecutive equal prompts form one sample, counted from 0 in
+    each batch of this process.
+    """
+    layout = _layout[0]
+    size = None if layout is None else (layout[3] if validate else layout[2])
+    if layout is not None and size:
+        first = (nth * layout[1] + layout[0]) * len(prompts)
+        return [divmod(first + i, size) for i in range(len(prompts))]
     out: list[tuple[int, int]] = []
     g = -1
     r = 0

@@ -80,8 +80,12 @@ def _check_history_in_mlflow(client: MlflowClient, run, history: list[dict]) -> 
         for key, value in _numbers(entry).items():
             points = cache.setdefault(key, client.get_metric_history(run.info.run_id, key))
             at_step = [m.value for m in points if m.step == entry["step"]]
-            assert any(v == float(value) or (math.isnan(v) and math.isnan(value)) for v in at_step), \
-                (key, entry["step"], value, at_step)
+            assert any(v == float(value) or (math.isnan(v) and math.isnan(value)) for v in at_step), (
+                key,
+                entry["step"],
+                value,
+                at_step,
+            )
             checked += 1
     # and nothing else: MLflow holds exactly the keys the trainer logged
     assert set(run.data.metrics) == {k for e in history for k in _numbers(e)}
@@ -100,13 +104,34 @@ def test_trainer_logs_every_log_history_value_at_its_step_to_mlflow_and_jsonl(tm
     jsonl = tmp_path / "metrics.jsonl"
     cap = CaptureExporter()
     args = transformers.TrainingArguments(
-        output_dir=str(tmp_path / "out"), run_name="tiny-sft", max_steps=3, per_device_train_batch_size=4,
-        logging_steps=1, eval_strategy="steps", eval_steps=2, per_device_eval_batch_size=4, save_strategy="no",
-        report_to="none", use_cpu=True, learning_rate=1e-3, disable_tqdm=True)
-    cb = OtelRLCallback(project=project, exporters=["mlflow", "file", cap], jsonl_path=str(jsonl),
-                        export_process=False, batch_delay_s=0.05)
-    trainer = transformers.Trainer(model=tiny_lm.model(tok), args=args, train_dataset=tiny_lm.lm_dataset(tok, 16),
-                                   eval_dataset=tiny_lm.lm_dataset(tok, 8), callbacks=[cb])
+        output_dir=str(tmp_path / "out"),
+        run_name="tiny-sft",
+        max_steps=3,
+        per_device_train_batch_size=4,
+        logging_steps=1,
+        eval_strategy="steps",
+        eval_steps=2,
+        per_device_eval_batch_size=4,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        learning_rate=1e-3,
+        disable_tqdm=True,
+    )
+    cb = OtelRLCallback(
+        project=project,
+        exporters=["mlflow", "file", cap],
+        jsonl_path=str(jsonl),
+        export_process=False,
+        batch_delay_s=0.05,
+    )
+    trainer = transformers.Trainer(
+        model=tiny_lm.model(tok),
+        args=args,
+        train_dataset=tiny_lm.lm_dataset(tok, 16),
+        eval_dataset=tiny_lm.lm_dataset(tok, 8),
+        callbacks=[cb],
+    )
     trainer.train()
     history = trainer.state.log_history
     h = otel_rl.current()
@@ -132,20 +157,29 @@ def test_trainer_logs_every_log_history_value_at_its_step_to_mlflow_and_jsonl(tm
     # each evaluation: a span at its step lasting what the trainer measured
     evals = [e for e in history if "eval_runtime" in e]
     assert [e["step"] for e in evals][:1] == [2]
-    assert [(s.attributes[sc.RL_STEP], round((s.end_time - s.start_time) / 1e9, 3)) for s in evaluations] == \
-        [(e["step"], round(e["eval_runtime"], 3)) for e in evals]
+    assert [(s.attributes[sc.RL_STEP], round((s.end_time - s.start_time) / 1e9, 3)) for s in evaluations] == [
+        (e["step"], round(e["eval_runtime"], 3)) for e in evals
+    ]
 
 
 def test_callback_uses_a_pipeline_the_program_started_and_only_rank_zero_logs(tmp_path):
     tok = tiny_lm.tokenizer()
     cap = CaptureExporter()
     h = otel_rl.init(project="mine", experiment="kept", exporters=[cap], batch_delay_s=0.05)
-    args = transformers.TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=2, per_device_train_batch_size=4,
-                                          logging_steps=1, save_strategy="no", report_to="none", use_cpu=True,
-                                          disable_tqdm=True)
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "out"),
+        max_steps=2,
+        per_device_train_batch_size=4,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        disable_tqdm=True,
+    )
     cb = OtelRLCallback(project="ignored", exporters=["console"])
-    trainer = transformers.Trainer(model=tiny_lm.model(tok), args=args, train_dataset=tiny_lm.lm_dataset(tok, 8),
-                                   callbacks=[cb])
+    trainer = transformers.Trainer(
+        model=tiny_lm.model(tok), args=args, train_dataset=tiny_lm.lm_dataset(tok, 8), callbacks=[cb]
+    )
     trainer.train()
     assert otel_rl.current() is h and h.config.experiment == "kept"
     logged = [(m.step, m.values) for m in cap.collect().step_metrics()]
@@ -167,17 +201,47 @@ def test_sft_trainer_metrics_are_its_log_history(tmp_path):
 
     tok = tiny_lm.tokenizer()
     cap = CaptureExporter()
-    args = trl.SFTConfig(output_dir=str(tmp_path / "sft"), max_steps=2, per_device_train_batch_size=4,
-                         logging_steps=1, save_strategy="no", report_to="none", use_cpu=True, disable_tqdm=True,
-                         max_length=16)
-    trainer = trl.SFTTrainer(model=tiny_lm.model(tok), args=args, processing_class=tok,
-                             train_dataset=Dataset.from_dict({"text": [p + "1" for p in tiny_lm.prompts(8)]}),
-                             callbacks=[OtelRLCallback(exporters=[cap], batch_delay_s=0.05)])
+    args = trl.SFTConfig(
+        output_dir=str(tmp_path / "sft"),
+        max_steps=2,
+        per_device_train_batch_size=4,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        disable_tqdm=True,
+        max_length=16,
+    )
+    trainer = trl.SFTTrainer(
+        model=tiny_lm.model(tok),
+        args=args,
+        processing_class=tok,
+        train_dataset=Dataset.from_dict({"text": [p + "1" for p in tiny_lm.prompts(8)]}),
+        callbacks=[OtelRLCallback(exporters=[cap], batch_delay_s=0.05)],
+    )
     trainer.train()
     logged = [(m.step, m.values) for m in cap.collect().step_metrics()]
     assert logged == [(e["step"], _numbers(e)) for e in trainer.state.log_history]
     assert {"loss", "mean_token_accuracy", "num_tokens"} <= set(logged[0][1])
     assert otel_rl.current().config.experiment == "sft"  # the output directory's name
+
+
+def test_run_name_gives_way_to_the_environment_and_to_the_callbacks_own_arguments(tmp_path, monkeypatch):
+    state, control = transformers.TrainerState(), transformers.TrainerControl()
+    args = transformers.TrainingArguments(output_dir=str(tmp_path / "out"), run_name="from-args", use_cpu=True)
+    cap = CaptureExporter()
+    monkeypatch.setenv("OTEL_RL_EXPERIMENT", "from-env")
+    monkeypatch.setenv("OTEL_RL_RUN_ID", "env-run-id")
+    OtelRLCallback(exporters=[cap]).on_train_begin(args, state, control)
+    h = otel_rl.current()
+    assert (h.config.experiment, h.run_id) == ("from-env", "env-run-id")
+    assert cap.collect().run_starts()[0].config["run_name"] == "from-args"  # the run config: the arguments
+    otel_rl.shutdown()
+    cap = CaptureExporter()
+    OtelRLCallback(exporters=[cap], experiment="given", config={"lr": 1}).on_train_begin(args, state, control)
+    h = otel_rl.current()
+    assert h.config.experiment == "given" and cap.collect().run_starts()[0].config == {"lr": 1}
+    otel_rl.shutdown()
 
 
 def test_report_to_naming_a_tracker_otel_rl_also_writes_warns_once(tmp_path, caplog):
@@ -209,17 +273,35 @@ async def length_bonus(completions, **kwargs):  # async: TRL runs it on its own 
     return [len(c) / 10 for c in completions]
 
 
-def _grpo(tmp_path, reward_funcs, cb, steps=2, **extra):
+def _grpo(tmp_path, reward_funcs, cb, steps=2, eval_prompts=None, **extra):
     from datasets import Dataset
 
     tok = tiny_lm.tokenizer()
-    args = trl.GRPOConfig(output_dir=str(tmp_path / "grpo"), run_name="tiny-grpo", max_steps=steps,
-                          per_device_train_batch_size=4, num_generations=2, max_completion_length=6,
-                          logging_steps=1, save_strategy="no", report_to="none", use_cpu=True, disable_tqdm=True,
-                          log_completions=True, seed=0, **extra)
-    return trl.GRPOTrainer(model=tiny_lm.model(tok), reward_funcs=reward_funcs, args=args,
-                           train_dataset=Dataset.from_dict({"prompt": tiny_lm.prompts(16)}),
-                           processing_class=tok, callbacks=[cb])
+    args = trl.GRPOConfig(
+        output_dir=str(tmp_path / "grpo"),
+        run_name="tiny-grpo",
+        max_steps=steps,
+        per_device_train_batch_size=4,
+        num_generations=2,
+        max_completion_length=6,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        disable_tqdm=True,
+        log_completions=True,
+        seed=0,
+        **extra,
+    )
+    return trl.GRPOTrainer(
+        model=tiny_lm.model(tok),
+        reward_funcs=reward_funcs,
+        args=args,
+        train_dataset=Dataset.from_dict({"prompt": tiny_lm.prompts(16)}),
+        eval_dataset=None if eval_prompts is None else Dataset.from_dict({"prompt": eval_prompts}),
+        processing_class=tok,
+        callbacks=[cb],
+    )
 
 
 def test_grpo_metrics_and_completions_reach_mlflow_as_runs_and_traces_by_step(tmp_path):
@@ -235,8 +317,15 @@ def test_grpo_metrics_and_completions_reach_mlflow_as_runs_and_traces_by_step(tm
     funcs = trace_rewards([recorded, length_bonus])
     assert [f.__name__ for f in funcs] == ["count_a", "length_bonus"]
     assert inspect.iscoroutinefunction(funcs[1]) and not inspect.iscoroutinefunction(funcs[0])
-    cb = OtelRLCallback(project=project, exporters=["mlflow", cap], trace_backend="mlflow", export_process=False,
-                        batch_delay_s=0.05)
+    jsonl = tmp_path / "metrics.jsonl"
+    cb = OtelRLCallback(
+        project=project,
+        exporters=["mlflow", "file", cap],
+        trace_backend="mlflow",
+        jsonl_path=str(jsonl),
+        export_process=False,
+        batch_delay_s=0.05,
+    )
     trainer = _grpo(tmp_path, funcs, cb)
     trainer.train()
     history = trainer.state.log_history
@@ -245,14 +334,22 @@ def test_grpo_metrics_and_completions_reach_mlflow_as_runs_and_traces_by_step(tm
 
     client, exp, run = _mlflow_run(project)
     _check_history_in_mlflow(client, run, history)
-    assert {"reward", "reward_std", "rewards/count_a/mean", "rewards/length_bonus/mean", "completions/mean_length",
-            "kl" if "kl" in history[0] else "entropy"} <= set(run.data.metrics)
+    _check_history_in_jsonl(jsonl, history)
+    assert {
+        "reward",
+        "reward_std",
+        "rewards/count_a/mean",
+        "rewards/length_bonus/mean",
+        "completions/mean_length",
+        "kl" if "kl" in history[0] else "entropy",
+    } <= set(run.data.metrics)
 
     # every completion of every step: one trace, findable by step, with each reward function's score
     assert [s for s, *_ in seen] == [1, 2]
     for step, prompts, completions, scores in seen:
-        traces = mlflow.search_traces(locations=[exp.experiment_id], filter_string=f"tags.step = '{step}'",
-                                      return_type="list", max_results=100)
+        traces = mlflow.search_traces(
+            locations=[exp.experiment_id], filter_string=f"tags.step = '{step}'", return_type="list", max_results=100
+        )
         assert len(traces) == len(completions) == 4
         got = {}
         for tr in traces:
@@ -266,11 +363,12 @@ def test_grpo_metrics_and_completions_reach_mlflow_as_runs_and_traces_by_step(tm
             got[(tr.info.tags[sc.TAG_SAMPLE_INDEX], tr.info.tags[sc.TAG_ROLLOUT_N])] = (comp.outputs["completion"], r1)
         want = {(str(i // 2), str(i % 2)): (c, s) for i, (c, s) in enumerate(zip(completions, scores))}
         assert got == want
-    linked = mlflow.search_traces(locations=[exp.experiment_id], run_id=run.info.run_id, return_type="list",
-                                  max_results=100)
+    linked = mlflow.search_traces(
+        locations=[exp.experiment_id], run_id=run.info.run_id, return_type="list", max_results=100
+    )
     assert len(linked) == 8  # every trace is linked to the run
     # TRL's own metric for the same rewards agrees with the traced scores
-    for (step, _, completions, scores), entry in zip(seen, [e for e in history if "reward" in e]):
+    for (_, _, _, scores), entry in zip(seen, [e for e in history if "reward" in e]):
         assert entry["rewards/count_a/mean"] == pytest.approx(sum(scores) / len(scores))
     # trajectories link to their step span
     trajs = cap.of_type(Trajectory)
@@ -316,3 +414,146 @@ def test_grpo_max_samples_traces_the_same_groups_in_every_run_and_keeps_a_failin
         assert t.root.status == "ERROR"
         (bad,) = [n for n in t.root.walk() if n.name == "reward flaky"]
         assert bad.status == "ERROR" and bad.events[0]["attributes"][sc.EXCEPTION_TYPE] == "ZeroDivisionError"
+
+
+# ----------------------------------------------------------------------------- several processes
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_process_grpo_one_run_metrics_from_rank_zero_and_every_ranks_completions(tmp_path, sqlite_uri):
+    """A real two-process job (torch.distributed over gloo, CPU): one shared run, metrics from the main
+    process only (read back from MLflow and each process's JSONL), steps traced in both, and every
+    completion of both processes one trace, numbered as in the whole generation batch."""
+    import subprocess
+    import sys
+
+    MlflowClient().search_experiments()  # the store's tables exist before two processes open it
+    project = f"ddp-{uuid.uuid4().hex[:8]}"
+    worker = os.path.join(os.path.dirname(__file__), "ddp_grpo_worker.py")
+    port = str(_free_port())
+    procs = []
+    for rank in (0, 1):
+        env = {
+            **os.environ,
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": "2",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": port,
+            "OMP_NUM_THREADS": "1",
+        }
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, worker, str(tmp_path), project],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
+    outputs = []
+    for p in procs:
+        try:
+            outputs.append(p.communicate(timeout=600)[0])
+        finally:
+            p.kill()
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(o[-3000:] for o in outputs)
+    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    assert (r0["process_index"], r0["world_process_zero"]) == (0, True)
+    assert (r1["process_index"], r1["world_process_zero"]) == (1, False)
+
+    # one run: rank 0's run id in both processes, one MLflow run holding exactly the main process's history
+    assert r0["run_id"] == r1["run_id"]
+    client, exp, run = _mlflow_run(project)
+    assert run.info.run_name == "ddp-grpo"
+    history = r0["log_history"]
+    _check_history_in_mlflow(client, run, history)
+    _check_history_in_jsonl(tmp_path / "metrics-rank0.jsonl", history)
+    assert r0["metrics_logged"] == [[e["step"], _numbers(e)] for e in history]
+    # the other process logs no metric at all
+    assert r1["metrics_logged"] == []
+    rank1_jsonl = tmp_path / "metrics-rank1.jsonl"
+    assert not rank1_jsonl.exists() or rank1_jsonl.read_text() == ""
+    # ... and traces its steps, with its rank
+    assert sorted(r0["step_spans"]) == [[1, 0], [2, 0]]
+    assert sorted(r1["step_spans"]) == [[1, 1], [2, 1]]
+
+    # every completion of both processes: one trace of the run, numbered in the whole batch of its step
+    assert all(t[0] == r0["run_id"] for t in r0["trajectories"] + r1["trajectories"])
+    steps = sorted({s["step"] for s in r0["scored"]})
+    assert steps == [1, 2] and steps == sorted({s["step"] for s in r1["scored"]})
+    for step in steps:
+        (b0,) = [s for s in r0["scored"] if s["step"] == step]
+        (b1,) = [s for s in r1["scored"] if s["step"] == step]
+        completions, scores = b0["completions"] + b1["completions"], b0["scores"] + b1["scores"]
+        prompts = b0["prompts"] + b1["prompts"]
+        assert len(completions) == 6 and prompts[2] == prompts[3]  # a prompt's group spans the two processes
+        traces = mlflow.search_traces(
+            locations=[exp.experiment_id], filter_string=f"tags.step = '{step}'", return_type="list", max_results=100
+        )
+        got = {}
+        for tr in traces:
+            spans = {s.name: s for s in tr.data.spans}
+            key = (int(tr.info.tags[sc.TAG_SAMPLE_INDEX]), int(tr.info.tags[sc.TAG_ROLLOUT_N]))
+            assert key not in got, f"two traces of step {step} numbered {key}"
+            got[key] = (
+                spans["completion"].inputs["prompt"],
+                spans["completion"].outputs["completion"],
+                spans["reward count_a"].outputs,
+            )
+        assert got == {divmod(i, 2): (p, c, s) for i, (p, c, s) in enumerate(zip(prompts, completions, scores))}
+    linked = mlflow.search_traces(
+        locations=[exp.experiment_id], run_id=run.info.run_id, return_type="list", max_results=100
+    )
+    assert len(linked) == 12
+
+
+def test_grpo_evaluation_completions_are_validation_traces_numbered_over_its_batches(tmp_path):
+    seen: list[tuple[int, list, list]] = []
+
+    def count_a(completions, prompts, trainer_state, **kwargs):
+        seen.append((trainer_state.global_step, list(prompts), list(completions)))
+        return [float(len(c)) for c in completions]
+
+    cap = CaptureExporter()
+    cb = OtelRLCallback(exporters=[cap], batch_delay_s=0.05)
+    # 6 prompts, 2 completions each, 4 completions a batch: 3 batches at one step
+    eval_prompts = [f"{i}+{i}=" for i in range(6)]
+    trainer = _grpo(
+        tmp_path,
+        trace_rewards([count_a]),
+        cb,
+        steps=1,
+        eval_prompts=eval_prompts,
+        num_generations_eval=2,
+        per_device_eval_batch_size=4,
+    )
+    trainer.train()
+    cap.collect()
+    cap.clear()  # the training step's
+    seen.clear()
+    metrics = trainer.evaluate()
+    cap.collect()
+    otel_rl.shutdown()
+    assert "eval_reward" in metrics
+    assert len(seen) == 3 and {s for s, *_ in seen} == {1}
+    prompts = [p for _, ps, _ in seen for p in ps]
+    completions = [c for *_, cs in seen for c in cs]
+    assert sorted(prompts[::2]) == eval_prompts and prompts[::2] == prompts[1::2]  # each prompt twice in a row
+    got = {}
+    for t in cap.of_type(Trajectory):
+        assert t.validate and t.step == 1
+        key = (t.sample_index, t.rollout_n)
+        assert key not in got, f"two validation traces numbered {key}"
+        (comp,) = [n for n in t.root.walk() if n.name == "completion"]
+        got[key] = (json.loads(comp.inputs)["prompt"], json.loads(comp.output)["completion"])
+    assert got == {divmod(i, 2): pc for i, pc in enumerate(zip(prompts, completions))}
+    assert [s.attributes[sc.RL_STEP] for s in cap.spans_named("evaluate")] == [1]
