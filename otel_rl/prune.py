@@ -9,7 +9,8 @@ trajectories and validation ones (unless ``--include-failed`` / ``--include-vali
 step when a step criterion is given, and the newest step of a RUNNING run.  Deleted through MLflow's own
 ``delete_traces``, 100 ids a call (in a SQL store, the run links it leaves behind are removed too).  Spool
 segments go once delivered (a spool in use is skipped); JSONL files under ``--jsonl DIR`` go when last
-modified before ``--older-than``.
+modified before ``--older-than``, unless a live process holds the file open for writing (otel-rl's JSONL
+writer marks its file with a shared ``flock``): a running trainer that has been silent for long keeps it.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from . import semconv as sc
+from .exporters.jsonl import is_in_use
 
 DELETE_BATCH = 100  # trace ids per delete_traces call (MLflow's request limit)
 _AGE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
@@ -343,6 +345,9 @@ def prune_jsonl(dirs: Iterable[str], cutoff: float, act: bool, out: Any) -> tupl
             if st.st_mtime >= cutoff:
                 continue
             when = datetime.datetime.fromtimestamp(st.st_mtime, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")
+            if is_in_use(path):  # a running trainer's file, silent for long: never deleted
+                print(f"JSONL {path}: kept, a running process writes it (last written {when} UTC)", file=out)
+                continue
             print(
                 f"JSONL {path}: {'deleted' if act else 'would delete'}, {human(st.st_size)} (last written {when} UTC)",
                 file=out,

@@ -21,6 +21,8 @@ that is not in the file, so no line is torn and none is written twice.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import importlib
 import json
 import os
@@ -98,6 +100,31 @@ def resolve_path(config: Any) -> str:
     return os.path.join(root, project, f"{experiment}.jsonl")
 
 
+def in_use(fd: int) -> None:
+    """Mark the open file as written by a live process: a shared ``flock`` held until it is closed, which
+    ``otel-rl prune --jsonl`` tests before deleting an old file (several writers may share it).  Where the
+    filesystem has no locks, nothing is marked."""
+    with contextlib.suppress(OSError):
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+
+
+def is_in_use(path: str) -> bool:
+    """Whether a live process holds `path` open as its JSONL file (`in_use`)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False  # no locks on this filesystem: nothing can be told
+    finally:
+        os.close(fd)  # closing drops a lock taken here
+    return False
+
+
 class JsonlExporter(Exporter):
     gathers = True  # lines written about once per `export_interval_s` and at every flush (as the console)
 
@@ -123,6 +150,7 @@ class JsonlExporter(Exporter):
                 f"the JSONL file {os.path.abspath(self.path)!r} (from {source}) cannot be opened for "
                 f"appending: {exc.strerror or exc}"
             ) from exc
+        in_use(self._fp.fileno())
         self._batch: Any = None  # the batch whose write failed part-way (a retry gets the same list)
         self._lines_done = 0  # ... how many of its lines are in the file
         self._torn = b""  # the start of a line the file could not be cut back from: finished first

@@ -6,6 +6,7 @@ import io
 import os
 import shutil
 import sqlite3
+import subprocess
 import sys
 import time
 from contextlib import redirect_stdout
@@ -241,6 +242,41 @@ def test_old_jsonl_files_go_recent_ones_stay(tmp_path):
     assert rc == 0 and old.exists() and "would delete, 2.5 KiB" in out
     rc, out = prune("--jsonl", str(tmp_path), "--older-than", "30d", "--yes")
     assert not old.exists() and new.exists() and (tmp_path / "p" / "notes.txt").exists()
+
+
+_WRITER = """
+import sys, otel_rl
+h = otel_rl.init(["trainer.logger=[file]", "trainer.project_name=p", "trainer.experiment_name=live"])
+otel_rl.log({"a": 1.0}, step=1)
+h.flush()
+print("logged", flush=True)
+sys.stdin.readline()  # silent for as long as the test wants
+otel_rl.log({"a": 2.0}, step=2)
+"""
+
+
+def test_a_silent_running_trainers_jsonl_file_is_kept(tmp_path):
+    """Old by its last write, but a running trainer still holds it open: kept; gone once the trainer ended."""
+    path = tmp_path / "live.jsonl"
+    env = {**os.environ, "VERL_FILE_LOGGER_PATH": str(path), "OTEL_RL_SPOOL_DIR": str(tmp_path / "spool")}
+    p = subprocess.Popen([sys.executable, "-c", _WRITER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         text=True, env=env, cwd=tmp_path)
+    try:
+        while "logged" not in (line := p.stdout.readline()):
+            assert line, "the trainer ended early"
+        t = time.time() - 40 * 86400
+        os.utime(path, (t, t))
+        rc, out = prune("--jsonl", str(tmp_path), "--older-than", "30d", "--yes")
+        assert rc == 0 and path.exists() and "kept, a running process writes it" in out, out
+        p.stdin.write("\n")
+        p.stdin.flush()
+        assert p.wait(timeout=60) == 0
+    finally:
+        p.kill()
+    assert path.read_text().count("\n") == 2  # the trainer went on writing after the prune
+    os.utime(path, (t, t))
+    rc, out = prune("--jsonl", str(tmp_path), "--older-than", "30d", "--yes")
+    assert rc == 0 and not path.exists(), out
 
 
 def test_bad_arguments_are_refused():
