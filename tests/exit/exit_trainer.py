@@ -9,8 +9,10 @@ inside ``otel_rl.step(n)``, then prints ``logged`` on stderr and ends by ``END``
 - ``return``: the end of the script
 - ``rollouts``: opens ``OPEN`` sampled trajectories in asyncio tasks that each made one LLM call and wait,
   inside step ``STEPS + 1`` whose timers run; prints ``logged`` there and waits for Ctrl-C
-- ``shutdown``: prints the export process's pid (``export_pid <pid>``); once ``$EXIT_DIR/go`` exists, logs
-  ``STEPS`` more steps, calls ``shutdown()`` and prints how long it took (``shutdown_s <seconds>``)
+- ``shutdown``: once ``$EXIT_DIR/go`` exists, logs ``STEPS`` more steps, calls ``shutdown()`` and prints
+  how long it took (``shutdown_s <seconds>``)
+
+Right after ``init()`` it prints the export process's pid on stderr (``export_pid <pid>``; 0 for none).
 
 ``FLUSH=<seconds>``: ``flush()`` before ``logged``.  ``USER_HANDLER=1``: a SIGTERM handler of the program's own is installed before ``init()``: it writes
 ``$EXIT_DIR/user_handler`` and asks the loop to stop; the loop then logs ``{"stopped": 1}`` and returns.
@@ -41,6 +43,8 @@ if os.environ.get("USER_HANDLER") == "1":
 
 h = otel_rl.init(project="exit", experiment="exit", exporters=os.environ.get("EXPORTERS", "console,jsonl").split(","),
                  jsonl_path=os.path.join(out, "metrics.jsonl"), trace_backend=os.environ.get("TRACE_BACKEND") or None)
+_client = getattr(h, "_export_process", None)
+print(f"export_pid {_client.proc.pid if _client is not None else 0}", file=sys.stderr, flush=True)
 
 
 @otel_rl.generate(model="policy")
@@ -92,8 +96,6 @@ elif end == "raise":
 elif end == "exit":
     sys.exit(int(os.environ.get("EXIT_CODE", "1")))
 elif end == "shutdown":
-    client = getattr(h, "_export_process", None)
-    print(f"export_pid {client.proc.pid if client is not None else 0}", file=sys.stderr, flush=True)
     while not os.path.exists(os.path.join(out, "go")):  # the test takes the tracker down meanwhile
         time.sleep(0.02)
     for n in range(steps + 1, 2 * steps + 1):  # logged while the tracker is down
