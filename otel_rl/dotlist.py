@@ -82,7 +82,8 @@ def _split_top(body: str) -> list[str]:
 
 
 # Sections whose keys otel-rl knows, for checking dotlist overrides (`apply_dotlist`): the keys it reads
-# and the other keys verl's own config has there (verl 0.9.1, plus older verl's ``trainer.wandb_proxy``).
+# and the other keys verl's own configs have there (verl 0.9.1's PPO and SFT trainers, plus older verl's
+# ``trainer.wandb_proxy``).
 OWNED_SECTIONS: dict[str, frozenset[str]] = {
     "trainer": frozenset(
         {
@@ -120,6 +121,10 @@ OWNED_SECTIONS: dict[str, frozenset[str]] = {
             "controller_nsight_options",
             "worker_nsight_options",
             "use_legacy_worker_impl",
+            # verl's SFT trainer (sft_trainer_engine.yaml)
+            "seed",
+            "max_ckpt_to_keep",
+            "profile_interval",
         }
     ),
     "actor_rollout_ref.rollout.trace": frozenset(

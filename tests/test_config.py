@@ -556,3 +556,30 @@ def test_plus_adds_a_key_on_purpose_and_verl_config_objects_pass_as_they_are():
     assert cfg.verl_config["trainer"]["loger"] == "console" and cfg.exporters == ("console",)
     whole = {"trainer": {"project_name": "p", "my_own_key": 1, "loger": "x"}, "data": {"x": 1}}
     assert resolve(whole, env=NO_ENV).project == "p"
+
+
+def _verl_trainer_configs() -> list[Path]:
+    """verl's own composed trainer configs, as installed (PPO with each engine, SFT)."""
+    try:
+        import verl
+    except ImportError:
+        return []
+    root = Path(verl.__file__).parent / "trainer" / "config"
+    return sorted(p for p in [*root.glob("_generated_*.yaml"), root / "sft_trainer_engine.yaml"] if p.is_file())
+
+
+@pytest.mark.parametrize("path", _verl_trainer_configs(), ids=lambda p: p.name)
+def test_every_key_of_verls_own_trainer_configs_is_accepted_as_an_override(path):
+    """verl's configs as they are: the whole object is accepted, and so is each key of the sections
+    otel-rl checks given alone as an override (a verl command line passed to `init()`), with its value."""
+    cfg = OmegaConf.load(path)
+    assert resolve(cfg, env=NO_ENV).project == cfg.trainer.project_name
+    sections = {"trainer": cfg.trainer, TRACE: OmegaConf.select(cfg, TRACE)}
+    items = [f"{name}.{k}={json.dumps(v)}" for name, node in sections.items() if node is not None
+             for k, v in OmegaConf.to_container(node, resolve=False).items()]
+    assert len(items) >= 15
+    for item in items:
+        resolve([item], env=NO_ENV)
+    with pytest.raises(ConfigError, match="'trainer.project_name'"):
+        resolve(cfg, overrides=["trainer.project_nam=x"], env=NO_ENV)
+

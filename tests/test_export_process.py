@@ -423,7 +423,8 @@ def test_trainer_sigkilled_export_process_delivers_what_it_received_and_exits(st
         assert wait_gone(child, 60), "the export process did not exit after the trainer died"
         assert_steps(store, name, range(1, steps + 1))
         exp, run = get_run(MlflowClient(store), name)
-        assert run.info.status == "FINISHED"  # it also ended its tracker run in order
+        # nothing said how the trainer ended: its run is left RUNNING, as with MLflow in the trainer itself
+        assert run.info.status == "RUNNING"
     finally:
         t.kill()  # the trainer's process group: also an export process still running
         if child is not None:

@@ -47,6 +47,13 @@ _STATS_INTERVAL_S = 0.5
 _START_S = 60.0
 #: how often it looks whether its runs are open, while it starts
 _START_LOOK_S = 0.1
+#: how long it delivers when the training process is gone without a `Stop` (its pipe ended)
+GONE_TIMEOUT_S = 30.0
+#: how the runs of a training process that is gone without a word end, in a tracker that cannot leave a
+#: run as it is (wandb's exit code 137: killed, as SIGKILL and the OOM killer end a process)
+GONE = Outcome(
+    "crashed", 128 + signal.SIGKILL, "the training process ended without saying how (SIGKILL, the OOM killer)"
+)
 
 
 class Server:
@@ -228,7 +235,13 @@ class Server:
                 pass
         self.send(Flushed(seq, ok, self.stats(), self.settled()))
 
-    def stop(self, timeout_s: float, failure: tuple | None = None) -> None:
+    def stop(self, timeout_s: float, failure: tuple | None = None, gone: bool = False) -> None:
+        """Deliver what there is and end the tracker runs as the training process ends (`failure`: (state,
+        text, exit code); None: well).  `gone`: the training process disappeared without a `Stop` (SIGKILL,
+        the OOM killer): nothing says how it ended, so the runs are not marked finished: a tracker that
+        can leave a run as it is does (MLflow: ``RUNNING``, as after a trainer killed with its tracker
+        in-process), the others end theirs as crashed with exit code 137 (killed); and a spool left
+        behind notes no end, so that `otel-rl replay` leaves the runs as it finds them too."""
         deadline = time.monotonic() + timeout_s
         self._settle(stopping=True)
         # trajectories whose root never came (the trainer stopped or died mid-trajectory): what there is
@@ -238,10 +251,17 @@ class Server:
             ended = Outcome(failure[0], int(failure[2]) if len(failure) > 2 else 1, failure[1])
             for q in self.queues.values():
                 tell_outcome(q.exporter, ended)
+        elif gone:
+            for q in self.queues.values():
+                leave = getattr(q.exporter, "leave_runs_open", None)
+                if callable(leave):
+                    leave(True)
+                else:
+                    tell_outcome(q.exporter, GONE)
         # Each exporter finishes on its own thread: its last delivery, its flush, its tracker run closed.
         # None waits for another's: the trainer waits for the slowest of them, not for their sum.
         threads = [
-            threading.Thread(target=_finish_queue, args=(q, deadline, ended), name=f"otel-rl-stop-{q.name}")
+            threading.Thread(target=_finish_queue, args=(q, deadline, ended, not gone), name=f"otel-rl-stop-{q.name}")
             for q in self.queues.values()
         ]
         for t in threads:
@@ -262,7 +282,7 @@ class Server:
             Tokenizer: self._on_tokenizer,
             Console: self._on_console,
         }
-        stop = Stop(30.0)
+        stop = None
         while True:
             try:
                 msg = read_frame(self.r)
@@ -283,7 +303,10 @@ class Server:
                 )
                 continue
             handler(msg)
-        self.stop(float(stop.timeout_s), stop.failure)
+        if stop is None:  # the training process is gone without a word
+            self.stop(GONE_TIMEOUT_S, gone=True)
+        else:
+            self.stop(float(stop.timeout_s), stop.failure)
 
     def _on_batch(self, msg: Batch) -> None:
         records, names, wire, resource_attrs = pickle.loads(msg.payload)  # a `protocol.Shipment`
@@ -307,16 +330,18 @@ class Server:
         self.console(msg.chunks)
 
 
-def _finish_queue(q: DeliveryQueue, deadline: float, ended: Outcome | None = None) -> None:
+def _finish_queue(q: DeliveryQueue, deadline: float, ended: Outcome | None = None, note: bool = True) -> None:
     """The end of one exporter in the export process: what its queue holds delivered (retried until
     `deadline`; no more gathering), its queue stopped, the exporter flushed and shut down (its tracker
-    run closed).  `ended`: how the training process ends (None: well), noted in a spool left behind."""
+    run closed).  `ended`: how the training process ends (None: well), noted in a spool left behind
+    (unless not `note`: nobody said)."""
     from ..spool.replay import note_run_end
 
     q.wait_idle(max(0.0, deadline - time.monotonic()))
     q.request_stop()
     q.join(max(0.05, deadline - time.monotonic()))
-    note_run_end(q, ended)
+    if note:
+        note_run_end(q, ended)
     try:
         q.exporter.flush(max(0.1, deadline - time.monotonic()))
     except Exception:

@@ -69,3 +69,28 @@ def mlflow_run(uri: str):
 
 def metric_steps(client, run, key: str) -> list[int]:
     return sorted(m.step for m in client.get_metric_history(run.info.run_id, key))
+
+
+def export_pid(out: Path) -> int:
+    """The export process's pid the trainer printed (0: it has none)."""
+    lines = (out / "stderr").read_text().splitlines()
+    return int(next(x for x in lines if x.startswith("export_pid ")).split()[1])
+
+
+def gone(pid: int) -> bool:
+    """Process `pid` has ended (or is a zombie)."""
+    if pid <= 0:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def wait_gone(pid: int, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not gone(pid):
+        assert time.monotonic() < deadline, f"process {pid} did not end"
+        time.sleep(0.2)
+

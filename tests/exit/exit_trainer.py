@@ -7,10 +7,13 @@ inside ``otel_rl.step(n)``, then prints ``logged`` on stderr and ends by ``END``
 - ``raise``: an uncaught RuntimeError
 - ``exit``: ``sys.exit(EXIT_CODE)``
 - ``return``: the end of the script
-- ``rollouts``: opens ``OPEN`` sampled trajectories in asyncio tasks that each made one LLM call and wait,
-  inside step ``STEPS + 1`` whose timers run; prints ``logged`` there and waits for Ctrl-C
-- ``shutdown``: prints the export process's pid (``export_pid <pid>``); once ``$EXIT_DIR/go`` exists, logs
-  ``STEPS`` more steps, calls ``shutdown()`` and prints how long it took (``shutdown_s <seconds>``)
+- ``rollouts``: opens ``OPEN`` sampled trajectories in asyncio tasks (``ROLLOUTS_IN=threads``: in daemon
+  threads) that each made one LLM call and wait, inside step ``STEPS + 1`` whose timers run; prints
+  ``logged`` there and waits for Ctrl-C
+- ``shutdown``: once ``$EXIT_DIR/go`` exists, logs ``STEPS`` more steps, calls ``shutdown()`` and prints
+  how long it took (``shutdown_s <seconds>``)
+
+Right after ``init()`` it prints the export process's pid on stderr (``export_pid <pid>``; 0 for none).
 
 ``FLUSH=<seconds>``: ``flush()`` before ``logged``.  ``USER_HANDLER=1``: a SIGTERM handler of the program's own is installed before ``init()``: it writes
 ``$EXIT_DIR/user_handler`` and asks the loop to stop; the loop then logs ``{"stopped": 1}`` and returns.
@@ -22,6 +25,7 @@ import asyncio
 import os
 import signal
 import sys
+import threading
 import time
 
 import otel_rl
@@ -41,6 +45,8 @@ if os.environ.get("USER_HANDLER") == "1":
 
 h = otel_rl.init(project="exit", experiment="exit", exporters=os.environ.get("EXPORTERS", "console,jsonl").split(","),
                  jsonl_path=os.path.join(out, "metrics.jsonl"), trace_backend=os.environ.get("TRACE_BACKEND") or None)
+_client = getattr(h, "_export_process", None)
+print(f"export_pid {_client.proc.pid if _client is not None else 0}", file=sys.stderr, flush=True)
 
 
 @otel_rl.generate(model="policy")
@@ -62,6 +68,27 @@ async def rollouts(n: int) -> None:
     await asyncio.gather(*tasks)
 
 
+def rollouts_in_threads(n: int) -> None:
+    hold = threading.Event()
+    called = threading.Semaphore(0)
+
+    def rollout_thread(i: int) -> None:
+        with otel_rl.trajectory(step=n, sample_index=i):
+            asyncio.run(generate(f"p{i}"))
+            called.release()
+            hold.wait()
+
+    threads = [threading.Thread(target=rollout_thread, args=(i,), daemon=True)
+               for i in range(int(os.environ.get("OPEN", "4")))]
+    for t in threads:
+        t.start()
+    for _ in threads:
+        called.acquire()
+    print("logged", file=sys.stderr, flush=True)
+    while True:  # (a sleep: Ctrl-C reaches the main thread here)
+        time.sleep(0.05)
+
+
 for n in range(1, steps + 1):
     with otel_rl.step(n):
         with otel_rl.timer("step"):
@@ -77,7 +104,10 @@ if os.environ.get("FLUSH"):  # delivered, or in the spool (the tracker is down) 
 if end == "rollouts":
     with otel_rl.step(steps + 1):
         with otel_rl.timer("step"):
-            asyncio.new_event_loop().run_until_complete(rollouts(steps + 1))
+            if os.environ.get("ROLLOUTS_IN") == "threads":
+                rollouts_in_threads(steps + 1)
+            else:
+                asyncio.new_event_loop().run_until_complete(rollouts(steps + 1))
         otel_rl.log({"loss": 0.0}, step=steps + 1)
 
 print("logged", file=sys.stderr, flush=True)
@@ -92,8 +122,6 @@ elif end == "raise":
 elif end == "exit":
     sys.exit(int(os.environ.get("EXIT_CODE", "1")))
 elif end == "shutdown":
-    client = getattr(h, "_export_process", None)
-    print(f"export_pid {client.proc.pid if client is not None else 0}", file=sys.stderr, flush=True)
     while not os.path.exists(os.path.join(out, "go")):  # the test takes the tracker down meanwhile
         time.sleep(0.02)
     for n in range(steps + 1, 2 * steps + 1):  # logged while the tracker is down

@@ -1,4 +1,4 @@
-"""Ctrl-C to a real trainer's process group while its rollouts run as asyncio tasks: the traced
+"""Ctrl-C to a real trainer's process group while its rollouts run as asyncio tasks or in threads: the traced
 trajectories still open are stored whole (root span, step and sample tags, status ERROR "interrupted"),
 never as traces rooted at the LLM spans that happened to end; and the step it was in logs no timings."""
 
@@ -15,9 +15,10 @@ pytestmark = pytest.mark.slow
 OPEN = 4
 
 
-def test_ctrl_c_stores_open_trajectories_whole_as_interrupted_and_logs_no_partial_step(tmp_path):
+@pytest.mark.parametrize("rollouts_in", ["tasks", "threads"])
+def test_ctrl_c_stores_open_trajectories_whole_as_interrupted_and_logs_no_partial_step(tmp_path, rollouts_in):
     proc = start(tmp_path, EXPORTERS="mlflow", TRACE_BACKEND="mlflow", STEPS="2", END="rollouts", OPEN=str(OPEN),
-                 OTEL_RL_SHUTDOWN_TIMEOUT_S="120", FLUSH="120")
+                 OTEL_RL_SHUTDOWN_TIMEOUT_S="120", FLUSH="120", ROLLOUTS_IN=rollouts_in)
     wait_logged(proc, tmp_path)  # step 3's rollouts made their LLM call and wait
     signal_group(proc, signal.SIGINT)
     status = finish(proc, tmp_path)

@@ -1,6 +1,7 @@
 """A real trainer ended every way a training job ends: its tracker runs say how, as each tracker's own API
 would (MLflow FAILED / KILLED / FINISHED, wandb's exit code, SwanLab's crashed / aborted state); and a
-trainer killed with SIGKILL leaves its run RUNNING, also after `otel-rl replay` delivered what it spooled."""
+trainer killed with SIGKILL leaves its MLflow run RUNNING, also when its export process outlives it and after
+`otel-rl replay` delivered what it spooled (docs/delivery.md, Run status)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import sys
 
 import pytest
 
-from ._helpers import ROOT, finish, metric_steps, mlflow_run, signal_group, start, trainer_env, wait_logged
+from ._helpers import (ROOT, export_pid, finish, metric_steps, mlflow_run, signal_group, start, trainer_env,
+                       wait_gone, wait_logged)
 
 pytestmark = pytest.mark.slow
 
@@ -21,6 +23,7 @@ ENDS = {  # how the trainer ends -> (its END setting, a signal sent to it, its e
     "Ctrl-C": ("wait", signal.SIGINT, -signal.SIGINT),
     "SIGTERM": ("wait", signal.SIGTERM, -signal.SIGTERM),
     "end of script": ("return", None, 0),
+    "SIGKILL": ("wait", signal.SIGKILL, -signal.SIGKILL),
 }
 
 
@@ -34,19 +37,26 @@ def _end(tmp_path, how: str, **env: str) -> None:
     if sig is not None:
         signal_group(proc, sig)
     assert finish(proc, tmp_path) == status, (tmp_path / "stderr").read_text()[-3000:]
+    # the export process (in a session of its own: a signal to the group does not reach it) ends its runs
+    wait_gone(export_pid(tmp_path))
 
 
 @pytest.mark.parametrize("how, status", [("uncaught exception", "FAILED"), ("sys.exit(3)", "FAILED"),
-                                         ("Ctrl-C", "KILLED"), ("SIGTERM", "KILLED"), ("end of script", "FINISHED")])
+                                         ("Ctrl-C", "KILLED"), ("SIGTERM", "KILLED"), ("end of script", "FINISHED"),
+                                         ("SIGKILL", "RUNNING")])
 def test_mlflow_run_status_says_how_the_trainer_ended(tmp_path, how, status):
+    """MLflow in the export process (the default): a trainer killed with SIGKILL said nothing, and the
+    export process, which outlives it, delivers its data but leaves the run RUNNING."""
     _end(tmp_path, how, EXPORTERS="mlflow")
+    assert export_pid(tmp_path) > 0
     client, run = mlflow_run(f"sqlite:///{tmp_path}/mlflow.db")
     assert run.info.status == status
     assert metric_steps(client, run, "loss") == [1, 2, 3, 4, 5]
 
 
-@pytest.mark.parametrize("how, code", [("sys.exit(3)", 3), ("SIGTERM", 128 + signal.SIGTERM),
-                                       ("end of script", 0)])
+@pytest.mark.parametrize("how, code", [("uncaught exception", 1), ("sys.exit(3)", 3), ("Ctrl-C", 255),
+                                       ("SIGTERM", 128 + signal.SIGTERM), ("end of script", 0),
+                                       ("SIGKILL", 128 + signal.SIGKILL)])
 def test_wandb_run_exit_code_says_how_the_trainer_ended(tmp_path, how, code):
     from otel_rl_wandb.reader import find_run_dirs, read_run
 
@@ -61,8 +71,10 @@ def test_wandb_run_exit_code_says_how_the_trainer_ended(tmp_path, how, code):
     assert data.exit_seen and data.exit_code == code
 
 
-@pytest.mark.parametrize("how, state", [("sys.exit(3)", "RUN_STATE_CRASHED"), ("SIGTERM", "RUN_STATE_ABORTED"),
-                                        ("end of script", "RUN_STATE_FINISHED")])
+@pytest.mark.parametrize("how, state", [("uncaught exception", "RUN_STATE_CRASHED"),
+                                        ("sys.exit(3)", "RUN_STATE_CRASHED"), ("Ctrl-C", "RUN_STATE_ABORTED"),
+                                        ("SIGTERM", "RUN_STATE_ABORTED"),
+                                        ("end of script", "RUN_STATE_FINISHED"), ("SIGKILL", "RUN_STATE_CRASHED")])
 def test_swanlab_run_state_says_how_the_trainer_ended(tmp_path, how, state):
     from otel_rl_swanlab.offline import read_runs
 
@@ -82,12 +94,14 @@ def _replay(spool, url: str) -> subprocess.CompletedProcess:
     return proc
 
 
-@pytest.mark.parametrize("how, status", [("SIGKILL", "RUNNING"), ("sys.exit(3)", "FAILED"),
-                                         ("end of script", "FINISHED")])
-def test_replay_ends_the_mlflow_run_only_as_the_trainer_said(tmp_path, how, status):
+@pytest.mark.parametrize("how, export_process, status", [("SIGKILL", "false", "RUNNING"),
+                                                         ("SIGKILL", "true", "RUNNING"),
+                                                         ("sys.exit(3)", "false", "FAILED"),
+                                                         ("end of script", "false", "FINISHED")])
+def test_replay_ends_the_mlflow_run_only_as_the_trainer_said(tmp_path, how, export_process, status):
     """The MLflow server is down for the whole training: the trainer spools everything.  `otel-rl replay`,
     once a server is up, delivers it and ends the run as the trainer ended; a trainer killed with SIGKILL
-    never said, and its run stays RUNNING."""
+    never said, and its run stays RUNNING (also when its export process, which outlives it, spooled)."""
     sys.path.insert(0, str(ROOT / "tests"))
     from _mlflow_server import MlflowServer
 
@@ -95,7 +109,7 @@ def test_replay_ends_the_mlflow_run_only_as_the_trainer_said(tmp_path, how, stat
     server.root.mkdir()
     # in the training process: its flush spools what it could not deliver within 3 s (MLflow is down)
     down = dict(EXPORTERS="mlflow", MLFLOW_TRACKING_URI=server.url, MLFLOW_HTTP_REQUEST_MAX_RETRIES="0",
-                MLFLOW_HTTP_REQUEST_TIMEOUT="2", FLUSH="3", OTEL_RL_EXPORT_PROCESS="false",
+                MLFLOW_HTTP_REQUEST_TIMEOUT="2", FLUSH="3", OTEL_RL_EXPORT_PROCESS=export_process,
                 OTEL_RL_SHUTDOWN_TIMEOUT_S="5")
     out = tmp_path / "t"
     if how == "SIGKILL":
@@ -103,6 +117,7 @@ def test_replay_ends_the_mlflow_run_only_as_the_trainer_said(tmp_path, how, stat
         wait_logged(proc, out)  # (after a flush: everything is in the spool)
         signal_group(proc, signal.SIGKILL)
         finish(proc, out)
+        wait_gone(export_pid(out))  # an export process spools what it still had, then ends
     else:
         _end(out, how, **down)
     server.start()

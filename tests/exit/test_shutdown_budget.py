@@ -1,6 +1,7 @@
 """`shutdown()` while the MLflow server is down (killed) or hung (stopped): it returns within the shutdown
-budget (`shutdown_timeout_s`, 10 s by default) with what it could not deliver in the spool, and `otel-rl
-replay` delivers all of it once the server is back, ending the run FINISHED as the trainer did."""
+budget (`shutdown_timeout_s`, 10 s by default) with what it could not deliver in the spool, whether the
+tracker library runs in the export process or in the trainer's own; and `otel-rl replay` delivers all of it
+once the server is back, ending the run FINISHED as the trainer did."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import time
 
 import pytest
 
-from ._helpers import ROOT, finish, metric_steps, mlflow_run, start, trainer_env, wait_logged
+from ._helpers import ROOT, export_pid, finish, gone, metric_steps, mlflow_run, start, trainer_env, wait_logged
 
 pytestmark = pytest.mark.slow
 
@@ -20,16 +21,10 @@ STEPS = 20
 BUDGET_S = 10.0  # the default shutdown_timeout_s
 
 
-def _gone(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
-
-
+@pytest.mark.parametrize("export_process", ["true", "false"])
 @pytest.mark.parametrize("server_state", ["down", "hung"])
-def test_shutdown_with_mlflow_down_or_hung_returns_within_the_budget_and_spools(tmp_path, server_state):
+def test_shutdown_with_mlflow_down_or_hung_returns_within_the_budget_and_spools(tmp_path, server_state,
+                                                                                export_process):
     sys.path.insert(0, str(ROOT / "tests"))
     from _mlflow_server import MlflowServer
 
@@ -39,7 +34,7 @@ def test_shutdown_with_mlflow_down_or_hung_returns_within_the_budget_and_spools(
     try:
         out = tmp_path / "t"
         proc = start(out, EXPORTERS="mlflow", MLFLOW_TRACKING_URI=server.url, STEPS=str(STEPS), END="shutdown",
-                     FLUSH="120", MLFLOW_HTTP_REQUEST_TIMEOUT="20")
+                     FLUSH="120", MLFLOW_HTTP_REQUEST_TIMEOUT="20", OTEL_RL_EXPORT_PROCESS=export_process)
         wait_logged(proc, out)  # steps 1..STEPS are in MLflow
         if server_state == "down":
             server.kill()
@@ -50,14 +45,14 @@ def test_shutdown_with_mlflow_down_or_hung_returns_within_the_budget_and_spools(
         lines = (out / "stderr").read_text().splitlines()
         took = float(next(x for x in lines if x.startswith("shutdown_s ")).split()[1])
         assert took <= BUDGET_S + 1.0, lines[-20:]
-        export_pid = int(next(x for x in lines if x.startswith("export_pid ")).split()[1])
+        child = export_pid(out)
 
         if server_state == "down":
             server.start()
         else:
             os.killpg(server.proc.pid, signal.SIGCONT)
         deadline = time.monotonic() + 120
-        while not _gone(export_pid) and time.monotonic() < deadline:  # it ends on its own, after the budget
+        while not gone(child) and time.monotonic() < deadline:  # it ends on its own, after the budget
             time.sleep(0.2)
         replay = subprocess.run([sys.executable, "-m", "otel_rl.cli", "replay", str(out / "spool"), "--timeout", "120"],
                                 env=trainer_env(out, MLFLOW_TRACKING_URI=server.url), cwd=ROOT, capture_output=True,
