@@ -6,6 +6,10 @@ message (a compressed bomb fails with RESOURCE_EXHAUSTED before it reaches us) a
 concurrent calls (``maximum_concurrent_rpcs``).  Status codes follow the OTLP specification:
 INVALID_ARGUMENT for a malformed request (not retried), UNAVAILABLE while busy or shutting down
 (retried), UNAUTHENTICATED for a wrong token.
+
+The token is checked before the request message is read: an interceptor looks at the call's
+metadata and answers a call without the token from a handler that never asks for the message, so
+grpcio neither reads nor inflates what an unauthenticated client sends.
 """
 
 from __future__ import annotations
@@ -24,6 +28,32 @@ TRACE_SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
 METRICS_SERVICE = "opentelemetry.proto.collector.metrics.v1.MetricsService"
 
 
+def _signal_of(method: str) -> str:
+    return "traces" if method.startswith(f"/{TRACE_SERVICE}/") else "metrics" if METRICS_SERVICE in method else "other"
+
+
+def _token_first(bridge: Any) -> Any:
+    """A server interceptor refusing calls without the bearer token before their message is read."""
+    import grpc
+
+    def refuse(request_iterator: Any, context: Any) -> bytes:  # never iterates: the message stays unread
+        context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
+        return b""  # pragma: no cover - abort raises
+
+    class TokenFirst(grpc.ServerInterceptor):
+        def intercept_service(self, continuation: Any, details: Any) -> Any:
+            auth = None
+            for k, v in details.invocation_metadata or ():
+                if k == "authorization":
+                    auth = v
+            if bridge.authorized(auth):
+                return continuation(details)
+            bridge.counters.request("grpc", _signal_of(details.method or ""), "rejected", "unauthorized")
+            return grpc.stream_unary_rpc_method_handler(refuse)
+
+    return TokenFirst()
+
+
 class GrpcReceiver:
     def __init__(self, bridge: Any, address: tuple[str, int]):
         import grpc
@@ -39,6 +69,7 @@ class GrpcReceiver:
                 ("grpc.so_reuseport", 0),
             ],
             maximum_concurrent_rpcs=max(1, s.max_connections),
+            interceptors=[_token_first(bridge)] if bridge._token is not None else None,
         )
         handlers = [
             grpc.method_handlers_generic_handler(

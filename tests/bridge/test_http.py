@@ -300,6 +300,33 @@ def test_grpc_auth_malformed_and_limits(bridge):
     assert grpc_call(bridge.grpc, big, md, grpc.Compression.Gzip)[0] == grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
+def test_grpc_without_the_token_the_message_is_never_read(bridge):
+    """A gRPC call without the token is refused from its metadata: its message, here 64 MiB of zeros
+    gzip-compressed (16 times the bridge's 4 MiB decompressed limit), is neither read nor inflated, so
+    the answer is UNAUTHENTICATED, not the RESOURCE_EXHAUSTED of a message that was inflated first."""
+    bomb = bytes(64 << 20)
+    for md in ([], [("authorization", "Bearer nope")]):
+        assert grpc_call(bridge.grpc, bomb, md, grpc.Compression.Gzip)[0] == grpc.StatusCode.UNAUTHENTICATED
+    md = [("authorization", f"Bearer {TOKEN}")]
+    assert grpc_call(bridge.grpc, bomb, md, grpc.Compression.Gzip)[0] == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+def test_grpc_call_without_the_token_is_refused_before_its_client_sends_anything(bridge):
+    """A client that opens a call and trickles (here: sends nothing for 15 s) without the token holds no
+    call slot: it is refused as soon as its headers are in (it waited for the message before)."""
+    def never():
+        time.sleep(15)
+        yield b""
+
+    with grpc.insecure_channel(bridge.grpc) as ch:
+        call = ch.stream_unary(TRACE_SERVICE, request_serializer=None, response_deserializer=None)
+        t0 = time.monotonic()
+        with pytest.raises(grpc.RpcError) as err:
+            call(never(), timeout=30)
+    assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert time.monotonic() - t0 < 5
+
+
 def test_official_grpc_exporter_with_token(bridge):
     from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
