@@ -24,6 +24,7 @@ from collections.abc import Iterable, KeysView, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from . import semconv as sc
+from .redact import scrub_secrets
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import ReadableSpan
@@ -385,7 +386,8 @@ class RecordBuilder:
                 continue
             if name == sc.SPAN_RUN and span.parent is None:
                 try:
-                    config = json.loads(attrs.get(sc.RL_RUN_CONFIG) or "{}")
+                    # redacted again: a sender (another program, an older otel-rl) may not have done it
+                    config = scrub_secrets(json.loads(attrs.get(sc.RL_RUN_CONFIG) or "{}"))
                 except ValueError:
                     config = {}
                 out.append(
