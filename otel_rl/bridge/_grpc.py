@@ -1,11 +1,17 @@
 """OTLP/gRPC receiver: ``TraceService/Export`` and ``MetricsService/Export`` on grpcio.
 
 The methods are registered with a generic handler that takes the request as bytes, so gRPC and
-HTTP share one decoder.  grpcio enforces ``max_receive_message_length`` on the decompressed
-message (a compressed bomb fails with RESOURCE_EXHAUSTED before it reaches us) and caps
-concurrent calls (``maximum_concurrent_rpcs``).  Status codes follow the OTLP specification:
-INVALID_ARGUMENT for a malformed request (not retried), UNAVAILABLE while busy or shutting down
-(retried), UNAUTHENTICATED for a wrong token.
+HTTP share one decoder.  grpcio's own decompression is off (``grpc.per_message_decompression``):
+a compressed message reaches the handler as sent and is inflated by the same code as an HTTP
+body (`otel_rl.bridge._inflate`), in bounded steps, within ``max_decompressed_bytes`` and the
+inflate ratio (RESOURCE_EXHAUSTED beyond) and under the decompression budget shared with HTTP
+(UNAVAILABLE, retried, while it is taken).  The encoding is told by the message's first bytes
+(grpcio does not pass ``grpc-encoding`` on): a gzip member starts with ``1f 8b 08``, a zlib stream
+(gRPC's ``deflate``) with ``78`` and a valid header check; an OTLP request, whose first field is
+field 1 (``0a``), starts with neither.  ``max_receive_message_length`` bounds a message as
+received, and grpcio caps concurrent calls (``maximum_concurrent_rpcs``).  Status codes follow the
+OTLP specification: INVALID_ARGUMENT for a malformed request (not retried), UNAVAILABLE while busy
+or shutting down (retried), UNAUTHENTICATED for a wrong token.
 
 The token is checked before the request message is read: an interceptor looks at the call's
 metadata and answers a call without the token from a handler that never asks for the message, so
@@ -18,6 +24,7 @@ import logging
 from concurrent import futures
 from typing import Any
 
+from ._inflate import HttpError, decompress
 from .core import Busy
 from .decode import DecodeError
 from .sinks import Raw
@@ -26,6 +33,15 @@ _log = logging.getLogger("otel_rl.bridge")
 
 TRACE_SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
 METRICS_SERVICE = "opentelemetry.proto.collector.metrics.v1.MetricsService"
+
+
+def encoding_of(message: bytes) -> str:
+    """The compression of a gRPC message as received (grpcio's decompression off): gzip, deflate or ''."""
+    if message[:3] == b"\x1f\x8b\x08":
+        return "gzip"
+    if len(message) >= 2 and message[0] == 0x78 and not message[1] & 0x20 and (0x7800 | message[1]) % 31 == 0:
+        return "deflate"
+    return ""
 
 
 def _signal_of(method: str) -> str:
@@ -65,6 +81,7 @@ class GrpcReceiver:
             futures.ThreadPoolExecutor(max_workers=max(1, s.grpc_workers), thread_name_prefix="otel-rl-bridge-grpc"),
             options=[
                 ("grpc.max_receive_message_length", int(s.max_decompressed_bytes)),
+                ("grpc.per_message_decompression", 0),  # inflated by us, under the budget
                 ("grpc.max_send_message_length", 1 << 20),
                 ("grpc.so_reuseport", 0),
             ],
@@ -120,15 +137,32 @@ class GrpcReceiver:
                 counters.request("grpc", signal, "rejected", "shutting_down")
                 context.abort(grpc.StatusCode.UNAVAILABLE, "shutting down")
             code = message = None
+            settings = bridge.settings
+            lease = bridge.inflate_budget.lease()
             try:
                 counters.add(counters.bytes, ("grpc", signal), len(request))
+                encoding = encoding_of(request)
+                body = decompress(
+                    request, encoding, settings.max_decompressed_bytes, settings.max_decompression_ratio, lease
+                )
                 result = bridge.ingest(
                     signal,
-                    request,
+                    body,
                     json_body=False,
                     transport="grpc",
-                    raw=Raw(path, request, "application/x-protobuf", ""),
+                    raw=Raw(path, request, "application/x-protobuf", encoding),
                 )
+            except HttpError as exc:
+                lease.close()  # (what a refused message inflated to is already freed: see decompress)
+                counters.request("grpc", signal, "rejected", exc.reason)
+                code = (
+                    grpc.StatusCode.RESOURCE_EXHAUSTED
+                    if exc.code == 413
+                    else grpc.StatusCode.UNAVAILABLE
+                    if exc.code == 503
+                    else grpc.StatusCode.INVALID_ARGUMENT
+                )
+                message = exc.message
             except DecodeError as exc:
                 counters.request("grpc", signal, "rejected", "malformed")
                 code, message = grpc.StatusCode.INVALID_ARGUMENT, str(exc)
@@ -140,6 +174,7 @@ class GrpcReceiver:
                 counters.request("grpc", signal, "rejected", "internal")
                 code, message = grpc.StatusCode.INTERNAL, "internal error"
             finally:
+                lease.close()
                 bridge.leave()
             if code is not None:
                 context.abort(code, message)

@@ -327,14 +327,16 @@ def test_grpc_call_without_the_token_is_refused_before_its_client_sends_anything
     assert time.monotonic() - t0 < 5
 
 
-def test_official_grpc_exporter_with_token(bridge):
+@pytest.mark.parametrize("compression, step", [("Gzip", 5100), ("Deflate", 5101), ("NoCompression", 5102)])
+def test_official_grpc_exporter_with_token(bridge, compression, step):
+    """Each compression the official gRPC exporter offers: the bridge inflates gzip and deflate itself."""
     from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
     exp = OTLPSpanExporter(endpoint=f"http://{bridge.grpc}", insecure=True, headers={"authorization": f"Bearer {TOKEN}"},
-                           compression=grpc.Compression.Gzip, timeout=10)
-    assert exp.export(log_spans("grpc-official", [5100])) == SpanExportResult.SUCCESS
+                           compression=getattr(grpc.Compression, compression), timeout=10)
+    assert exp.export(log_spans("grpc-official", [step])) == SpanExportResult.SUCCESS
     exp.shutdown()
-    wait_for(lambda: 5100 in jsonl_steps(bridge.jsonl), what="step 5100")
+    wait_for(lambda: step in jsonl_steps(bridge.jsonl), what=f"step {step}")
 
 
 # ----------------------------------------------------------------------------- forwarding / metrics
