@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 from opentelemetry.util.types import AttributeValue
 
 from . import semconv as sc
+from .redact import scrub_secrets
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import ReadableSpan
@@ -463,7 +464,8 @@ class RecordBuilder:
                     )
                 continue
             if name == sc.SPAN_RUN and span.parent is None:
-                config = _config(attrs.get(sc.RL_RUN_CONFIG))
+                # redacted again: a sender (another program, an older otel-rl) may not have done it
+                config = scrub_secrets(_config(attrs.get(sc.RL_RUN_CONFIG)))
                 out.append(
                     RunStart(
                         RunIdentity.from_attributes(span.resource.attributes),

@@ -525,6 +525,8 @@ def _burst(h, threads: int, per: int) -> None:
     def loop(t: int) -> None:
         for i in range(per):
             otel_rl.log({"loss": i / 3, "thread": t}, step=t * per + i)
+            if i % 10 == 0:
+                otel_rl.log_generations([(f"q{t}", f"a{i}", i / 7)], step=t * per + i)
 
     ts = [threading.Thread(target=loop, args=(t,)) for t in range(threads)]
     for t in ts:
@@ -541,13 +543,18 @@ def _jsonl_steps(path) -> list[int]:
 
 @pytest.mark.parametrize("policy", [None, "wait"], ids=["spill-by-default", "wait"])
 def test_a_burst_of_log_calls_beyond_the_queue_is_stored_whole_and_in_order(tmp_path, policy):
-    """Four tight loops log 20x the queue's bound: every record reaches the JSONL file once, each loop's
-    in its order; with `spill` the excess went through the spill file, with `wait` the callers waited."""
+    """Four tight loops log 20x the queue's bound (and a generations table every 10th step): every record
+    reaches the JSONL file (and the capture) once, each loop's in its order; with `spill` the excess went
+    through the spill file, with `wait` the callers waited."""
+    from otel_rl.records import Generations
+    from otel_rl.testing import CaptureExporter
+
     threads, per = 4, 5000
     path = tmp_path / "m.jsonl"
     kw = {} if policy is None else {"record_overflow": policy}
-    h = otel_rl.init(exporters=["file"], jsonl_path=str(path), queue_size=1000, spool_dir=str(tmp_path / "spool"),
-                     batch_delay_s=0.05, **kw)
+    cap = CaptureExporter()
+    h = otel_rl.init(exporters=["file", cap], jsonl_path=str(path), queue_size=1000,
+                     spool_dir=str(tmp_path / "spool"), batch_delay_s=0.05, **kw)
     try:
         _burst(h, threads, per)
         assert h.flush(120)
@@ -556,6 +563,9 @@ def test_a_burst_of_log_calls_beyond_the_queue_is_stored_whole_and_in_order(tmp_
         h.shutdown(30)
     steps = _jsonl_steps(path)
     assert sorted(steps) == list(range(threads * per))  # all of them, once
+    tables = [(g.step, g.rows) for g in cap.records if isinstance(g, Generations)]
+    assert sorted(tables) == [(t * per + i, [(f"q{t}", f"a{i}", i / 7)]) for t in range(threads)
+                              for i in range(0, per, 10)]
     for t in range(threads):
         mine = [s for s in steps if s // per == t]
         assert mine == sorted(mine)

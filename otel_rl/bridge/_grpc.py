@@ -1,11 +1,21 @@
 """OTLP/gRPC receiver: ``TraceService/Export`` and ``MetricsService/Export`` on grpcio.
 
 The methods are registered with a generic handler that takes the request as bytes, so gRPC and
-HTTP share one decoder.  grpcio enforces ``max_receive_message_length`` on the decompressed
-message (a compressed bomb fails with RESOURCE_EXHAUSTED before it reaches us) and caps
-concurrent calls (``maximum_concurrent_rpcs``).  Status codes follow the OTLP specification:
-INVALID_ARGUMENT for a malformed request (not retried), UNAVAILABLE while busy or shutting down
-(retried), UNAUTHENTICATED for a wrong token.
+HTTP share one decoder.  grpcio's own decompression is off (``grpc.per_message_decompression``):
+a compressed message reaches the handler as sent and is inflated by the same code as an HTTP
+body (`otel_rl.bridge._inflate`), in bounded steps, within ``max_decompressed_bytes`` and the
+inflate ratio (RESOURCE_EXHAUSTED beyond) and under the decompression budget shared with HTTP
+(UNAVAILABLE, retried, while it is taken).  The encoding is told by the message's first bytes
+(grpcio does not pass ``grpc-encoding`` on): a gzip member starts with ``1f 8b 08``, a zlib stream
+(gRPC's ``deflate``) with ``78`` and a valid header check; an OTLP request, whose first field is
+field 1 (``0a``), starts with neither.  ``max_receive_message_length`` bounds a message as
+received, and grpcio caps concurrent calls (``maximum_concurrent_rpcs``).  Status codes follow the
+OTLP specification: INVALID_ARGUMENT for a malformed request (not retried), UNAVAILABLE while busy
+or shutting down (retried), UNAUTHENTICATED for a wrong token.
+
+The token is checked before the request message is read: an interceptor looks at the call's
+metadata and answers a call without the token from a handler that never asks for the message, so
+grpcio neither reads nor inflates what an unauthenticated client sends.
 """
 
 from __future__ import annotations
@@ -14,6 +24,7 @@ import logging
 from concurrent import futures
 from typing import Any
 
+from ._inflate import HttpError, decompress
 from .core import Busy
 from .decode import DecodeError
 from .sinks import Raw
@@ -22,6 +33,41 @@ _log = logging.getLogger("otel_rl.bridge")
 
 TRACE_SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
 METRICS_SERVICE = "opentelemetry.proto.collector.metrics.v1.MetricsService"
+
+
+def encoding_of(message: bytes) -> str:
+    """The compression of a gRPC message as received (grpcio's decompression off): gzip, deflate or ''."""
+    if message[:3] == b"\x1f\x8b\x08":
+        return "gzip"
+    if len(message) >= 2 and message[0] == 0x78 and not message[1] & 0x20 and (0x7800 | message[1]) % 31 == 0:
+        return "deflate"
+    return ""
+
+
+def _signal_of(method: str) -> str:
+    return "traces" if method.startswith(f"/{TRACE_SERVICE}/") else "metrics" if METRICS_SERVICE in method else "other"
+
+
+def _token_first(bridge: Any) -> Any:
+    """A server interceptor refusing calls without the bearer token before their message is read."""
+    import grpc
+
+    def refuse(request_iterator: Any, context: Any) -> bytes:  # never iterates: the message stays unread
+        context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
+        return b""  # pragma: no cover - abort raises
+
+    class TokenFirst(grpc.ServerInterceptor):
+        def intercept_service(self, continuation: Any, details: Any) -> Any:
+            auth = None
+            for k, v in details.invocation_metadata or ():
+                if k == "authorization":
+                    auth = v
+            if bridge.authorized(auth):
+                return continuation(details)
+            bridge.counters.request("grpc", _signal_of(details.method or ""), "rejected", "unauthorized")
+            return grpc.stream_unary_rpc_method_handler(refuse)
+
+    return TokenFirst()
 
 
 class GrpcReceiver:
@@ -35,10 +81,12 @@ class GrpcReceiver:
             futures.ThreadPoolExecutor(max_workers=max(1, s.grpc_workers), thread_name_prefix="otel-rl-bridge-grpc"),
             options=[
                 ("grpc.max_receive_message_length", int(s.max_decompressed_bytes)),
+                ("grpc.per_message_decompression", 0),  # inflated by us, under the budget
                 ("grpc.max_send_message_length", 1 << 20),
                 ("grpc.so_reuseport", 0),
             ],
             maximum_concurrent_rpcs=max(1, s.max_connections),
+            interceptors=[_token_first(bridge)] if bridge._token is not None else None,
         )
         handlers = [
             grpc.method_handlers_generic_handler(
@@ -89,15 +137,32 @@ class GrpcReceiver:
                 counters.request("grpc", signal, "rejected", "shutting_down")
                 context.abort(grpc.StatusCode.UNAVAILABLE, "shutting down")
             code = message = None
+            settings = bridge.settings
+            lease = bridge.inflate_budget.lease()
             try:
                 counters.add(counters.bytes, ("grpc", signal), len(request))
+                encoding = encoding_of(request)
+                body = decompress(
+                    request, encoding, settings.max_decompressed_bytes, settings.max_decompression_ratio, lease
+                )
                 result = bridge.ingest(
                     signal,
-                    request,
+                    body,
                     json_body=False,
                     transport="grpc",
-                    raw=Raw(path, request, "application/x-protobuf", ""),
+                    raw=Raw(path, request, "application/x-protobuf", encoding),
                 )
+            except HttpError as exc:
+                lease.close()  # (what a refused message inflated to is already freed: see decompress)
+                counters.request("grpc", signal, "rejected", exc.reason)
+                code = (
+                    grpc.StatusCode.RESOURCE_EXHAUSTED
+                    if exc.code == 413
+                    else grpc.StatusCode.UNAVAILABLE
+                    if exc.code == 503
+                    else grpc.StatusCode.INVALID_ARGUMENT
+                )
+                message = exc.message
             except DecodeError as exc:
                 counters.request("grpc", signal, "rejected", "malformed")
                 code, message = grpc.StatusCode.INVALID_ARGUMENT, str(exc)
@@ -109,6 +174,7 @@ class GrpcReceiver:
                 counters.request("grpc", signal, "rejected", "internal")
                 code, message = grpc.StatusCode.INTERNAL, "internal error"
             finally:
+                lease.close()
                 bridge.leave()
             if code is not None:
                 context.abort(code, message)

@@ -376,3 +376,25 @@ def test_metrics_are_counted():
         assert (summary.metrics, summary.points) == (4, 4)
         assert summary.runs == {("p", "e", "r9")}
     provider.shutdown()
+
+
+@FAST
+@given(batches())
+def test_grpc_encoding_is_told_from_the_first_bytes_and_no_request_looks_compressed(batch):
+    """gRPC messages reach the bridge as sent (grpcio's decompression is off): gzip and zlib are told by
+    their first bytes, and no OTLP request, traces or metrics, is taken for either."""
+    import gzip
+    import zlib
+
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+
+    from otel_rl.bridge._grpc import encoding_of
+
+    body = encode_spans(batch).SerializeToString()
+    assert encoding_of(body) == ""
+    metrics = ExportMetricsServiceRequest()
+    metrics.resource_metrics.add().schema_url = "x"
+    assert encoding_of(metrics.SerializeToString()) == ""
+    assert encoding_of(gzip.compress(body)) == "gzip"
+    for level in (0, 1, 6, 9):
+        assert encoding_of(zlib.compress(body, level)) == "deflate"

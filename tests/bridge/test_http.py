@@ -300,14 +300,43 @@ def test_grpc_auth_malformed_and_limits(bridge):
     assert grpc_call(bridge.grpc, big, md, grpc.Compression.Gzip)[0] == grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
-def test_official_grpc_exporter_with_token(bridge):
+def test_grpc_without_the_token_the_message_is_never_read(bridge):
+    """A gRPC call without the token is refused from its metadata: its message, here 64 MiB of zeros
+    gzip-compressed (16 times the bridge's 4 MiB decompressed limit), is neither read nor inflated, so
+    the answer is UNAUTHENTICATED, not the RESOURCE_EXHAUSTED of a message that was inflated first."""
+    bomb = bytes(64 << 20)
+    for md in ([], [("authorization", "Bearer nope")]):
+        assert grpc_call(bridge.grpc, bomb, md, grpc.Compression.Gzip)[0] == grpc.StatusCode.UNAUTHENTICATED
+    md = [("authorization", f"Bearer {TOKEN}")]
+    assert grpc_call(bridge.grpc, bomb, md, grpc.Compression.Gzip)[0] == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+def test_grpc_call_without_the_token_is_refused_before_its_client_sends_anything(bridge):
+    """A client that opens a call and trickles (here: sends nothing for 15 s) without the token holds no
+    call slot: it is refused as soon as its headers are in (it waited for the message before)."""
+    def never():
+        time.sleep(15)
+        yield b""
+
+    with grpc.insecure_channel(bridge.grpc) as ch:
+        call = ch.stream_unary(TRACE_SERVICE, request_serializer=None, response_deserializer=None)
+        t0 = time.monotonic()
+        with pytest.raises(grpc.RpcError) as err:
+            call(never(), timeout=30)
+    assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert time.monotonic() - t0 < 5
+
+
+@pytest.mark.parametrize("compression, step", [("Gzip", 5100), ("Deflate", 5101), ("NoCompression", 5102)])
+def test_official_grpc_exporter_with_token(bridge, compression, step):
+    """Each compression the official gRPC exporter offers: the bridge inflates gzip and deflate itself."""
     from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
     exp = OTLPSpanExporter(endpoint=f"http://{bridge.grpc}", insecure=True, headers={"authorization": f"Bearer {TOKEN}"},
-                           compression=grpc.Compression.Gzip, timeout=10)
-    assert exp.export(log_spans("grpc-official", [5100])) == SpanExportResult.SUCCESS
+                           compression=getattr(grpc.Compression, compression), timeout=10)
+    assert exp.export(log_spans("grpc-official", [step])) == SpanExportResult.SUCCESS
     exp.shutdown()
-    wait_for(lambda: 5100 in jsonl_steps(bridge.jsonl), what="step 5100")
+    wait_for(lambda: step in jsonl_steps(bridge.jsonl), what=f"step {step}")
 
 
 # ----------------------------------------------------------------------------- forwarding / metrics

@@ -17,6 +17,7 @@ Right after ``init()`` it prints the export process's pid on stderr (``export_pi
 
 ``FLUSH=<seconds>``: ``flush()`` before ``logged``.  ``USER_HANDLER=1``: a SIGTERM handler of the program's own is installed before ``init()``: it writes
 ``$EXIT_DIR/user_handler`` and asks the loop to stop; the loop then logs ``{"stopped": 1}`` and returns.
+``USER_HANDLER=exit``: the program's handler writes that file and calls ``sys.exit(143)`` itself.
 """
 
 from __future__ import annotations
@@ -42,6 +43,13 @@ if os.environ.get("USER_HANDLER") == "1":
         stop.append(signum)
 
     signal.signal(signal.SIGTERM, on_term)
+elif os.environ.get("USER_HANDLER") == "exit":
+    def exit_on_term(signum, frame):
+        with open(os.path.join(out, "user_handler"), "w") as f:
+            f.write(str(signum))
+        sys.exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, exit_on_term)
 
 h = otel_rl.init(project="exit", experiment="exit", exporters=os.environ.get("EXPORTERS", "console,jsonl").split(","),
                  jsonl_path=os.path.join(out, "metrics.jsonl"), trace_backend=os.environ.get("TRACE_BACKEND") or None)

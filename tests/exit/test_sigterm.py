@@ -43,3 +43,21 @@ def test_sigterm_goes_to_the_programs_own_handler_which_decides(tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert sorted(r["step"] for r in rows if "loss" in r["data"]) == list(range(1, 21))
     assert [r["data"] for r in rows if "stopped" in r["data"]] == [{"stopped": 1}]
+
+
+def test_sigterm_to_a_program_whose_own_handler_exits_delivers_through_the_exit(tmp_path):
+    """A handler installed before init() that calls sys.exit(143) ends the program; the usual exit path
+    delivers every logged step to the console, the JSONL file and MLflow, and the exit code is the
+    handler's."""
+    proc = start(tmp_path, EXPORTERS="console,jsonl,mlflow", STEPS=str(STEPS), END="wait", USER_HANDLER="exit",
+                 OTEL_RL_SHUTDOWN_TIMEOUT_S="90")
+    wait_logged(proc, tmp_path)
+    signal_group(proc, signal.SIGTERM)
+    assert finish(proc, tmp_path) == 128 + signal.SIGTERM, (tmp_path / "stderr").read_text()[-3000:]
+    assert (tmp_path / "user_handler").read_text() == str(int(signal.SIGTERM))
+    console = [line for line in (tmp_path / "stdout").read_text().splitlines() if " - loss:" in line]
+    assert len(console) == STEPS
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert sorted(r["step"] for r in rows if "loss" in r["data"]) == list(range(1, STEPS + 1))
+    client, run = mlflow_run(f"sqlite:///{tmp_path}/mlflow.db")
+    assert metric_steps(client, run, "loss") == list(range(1, STEPS + 1))

@@ -291,23 +291,63 @@ def test_usage_summary_reads_token_counts_by_their_type():
     }
 
 
-def test_bad_data_skips_one_trajectory_not_the_batch(weave_wal, caplog):
-    client, root = weave_wal
-    from otel_rl.config import resolve
+def _flat_trajectory(trace_id: int, name: str, start_ns: int = 1_700_000_000_000_000_000) -> Trajectory:
     from otel_rl.records import SpanNode
 
-    def traj(trace_id: int, name: str) -> Trajectory:
-        node = SpanNode(name=name, kind="AGENT", span_id=trace_id, parent_id=None, start_ns=1_700_000_000_000_000_000,
-                        end_ns=1_700_000_001_000_000_000, attributes={}, inputs='{"x": 1}', output="2", status="UNSET",
-                        status_message=None, events=[])
-        return Trajectory(RunIdentity("proj", "e", "r"), trace_id, 1, 0, None, False, name, node)
+    node = SpanNode(name=name, kind="AGENT", span_id=trace_id, parent_id=None, start_ns=start_ns,
+                    end_ns=start_ns + 10**9, attributes={}, inputs='{"x": 1}', output="2", status="UNSET",
+                    status_message=None, events=[])
+    return Trajectory(RunIdentity("proj", "e", "r"), trace_id, 1, trace_id, None, False, name, node)
+
+
+def test_a_name_weave_refuses_as_an_op_falls_back_to_a_generic_op(weave_wal):
+    client, root = weave_wal
+    from otel_rl.config import resolve
 
     exp = WeaveExporter(resolve(env={}, project="proj", exporters=[]))
-    exp.export_records([traj(1, "!!!"), traj(2, "good")])  # "!!!" is no Weave op name: falls back
+    exp.export_records([_flat_trajectory(1, "!!!"), _flat_trajectory(2, "good")])  # "!!!" is no Weave op name
     exp.shutdown()
     calls = read_calls(root)
     assert sorted((op_name(c), c["display_name"]) for c in calls.values()) == [("good", "good"),
                                                                               ("otel_rl_op", "!!!")]
+
+
+def test_weave_stores_every_good_trajectory_around_one_it_cannot_store(weave_wal, caplog):
+    """Two trajectories Weave cannot take (a start time no datetime can hold; a child span ending at such
+    a time) sit among 16 good ones in one delivery: each is rejected whole (no call of it is made, one
+    warning naming its trace, counted in ``rejected``, not retried); the 16 are calls in Weave's
+    write-ahead log."""
+    import logging
+
+    from otel_rl._delivery import DeliveryQueue
+    from otel_rl.config import resolve
+    from otel_rl.records import SpanNode
+
+    client, root = weave_wal
+    bad_child = _flat_trajectory(98, "bad-child")
+    bad_child.root.children.append(SpanNode(
+        name="chat", kind="LLM", span_id=5, parent_id=98, start_ns=bad_child.root.start_ns, end_ns=2**90,
+        attributes={}, inputs=None, output=None, status="UNSET", status_message=None, events=[]))
+    batch = ([_flat_trajectory(i, f"t{i}") for i in range(1, 9)] + [_flat_trajectory(99, "bad", start_ns=2**90)]
+             + [_flat_trajectory(i, f"t{i}") for i in range(9, 13)] + [bad_child]
+             + [_flat_trajectory(i, f"t{i}") for i in range(13, 17)])
+    exp = WeaveExporter(resolve(env={}, project="proj", exporters=[]))
+    exp.name = "weave"
+    q = DeliveryQueue(exp, 10_000, gather_s=0.0)
+    try:
+        with caplog.at_level(logging.WARNING, logger="otel_rl"):
+            q.put([], batch)
+            assert q.wait_idle(60), "the queue is stuck on a bad trajectory"
+        stats = q.stats.as_dict()
+    finally:
+        q.stop(10)
+        exp.shutdown()
+    calls = read_calls(root)
+    assert sorted(c["display_name"] for c in calls.values()) == sorted(f"t{i}" for i in range(1, 17))
+    assert all(c.get("ended_at") for c in calls.values())
+    assert stats["rejected"] == 2 and stats["exported"] == 18 and stats["failed_attempts"] == 0
+    msgs = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    assert len(msgs) == 2 and f"trace {99:032x}" in msgs[0] and f"trace {98:032x}" in msgs[1]
 
 
 def test_entry_points_and_span_exporter_adapter(weave_wal, monkeypatch):

@@ -39,9 +39,14 @@ def call_id(trace_id: int, span_id: int, start_ns: int) -> str:
 
 
 def to_datetime(ns: int) -> datetime.datetime | None:
+    """A span time (ns since the epoch) as a UTC datetime; ValueError for one no datetime holds
+    (the C library's own refusal is an OSError, which would read as a network error and be retried)."""
     if not ns:
         return None
-    return datetime.datetime.fromtimestamp(ns / 1e9, tz=datetime.timezone.utc)
+    try:
+        return datetime.datetime.fromtimestamp(ns / 1e9, tz=datetime.timezone.utc)
+    except (OverflowError, OSError, ValueError) as exc:
+        raise ValueError(f"time {ns} ns is outside the range of a datetime ({exc})") from None
 
 
 _MISSING = object()
@@ -271,6 +276,12 @@ class WeaveExporter(TrackerExporter):
 
     def write_trajectory(self, client: Any, t: Trajectory) -> Any:
         """One trajectory -> its tree of Weave calls; returns the root call."""
+        stack = [t.root]  # every time checked first: a bad one refuses the trajectory before any call is made
+        while stack:
+            node = stack.pop()
+            to_datetime(node.start_ns)
+            to_datetime(node.end_ns)
+            stack.extend(node.children)
         base = trajectory_attributes(t)
         return self._write_node(client, t, t.root, None, base)
 
