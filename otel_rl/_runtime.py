@@ -10,6 +10,7 @@ and end) goes through its methods, never through the pipeline's fields.
 from __future__ import annotations
 
 import copyreg
+import time
 from contextvars import ContextVar
 from typing import Any
 
@@ -36,11 +37,12 @@ class Runtime:
         rollouts = pipeline.rollouts
         self._rollouts = rollouts if rollouts.defer_s > 0 else None
 
-    def untraced_trajectory(self, duration_s: float, validate: bool, error: bool) -> None:
-        """A trajectory that was not traced: its duration and outcome, for the metrics (if read)."""
+    def untraced_trajectory(self, t0_ns: int, validate: bool, error: bool) -> None:
+        """A trajectory that was not traced, started at `t0_ns` and ending now: its duration and outcome,
+        for the metrics (if read)."""
         p = self._pipeline
         if p.instruments is not None:
-            p.submit(TrajectoryStat(duration_s, validate, error))
+            p.submit(TrajectoryStat((time.time_ns() - t0_ns) / 1e9, validate, error))
 
     def decode_later(self, span: Any, entry: tuple) -> None:
         """token2text: `span`'s output has ids to decode off this thread (the job stays in the span)."""
@@ -80,7 +82,7 @@ class NullRuntime(Runtime):
         self.tracer = self.light = self.sampler = self.tokenizer = None
         self._pipeline = self._rollouts = None
 
-    def untraced_trajectory(self, duration_s: float, validate: bool, error: bool) -> None:
+    def untraced_trajectory(self, t0_ns: int, validate: bool, error: bool) -> None:
         pass
 
     def decode_later(self, span: Any, entry: tuple) -> None:

@@ -346,7 +346,7 @@ class trajectory:
             st.link = _link_target()  # the same step and span are current as at __enter__
             _emit_kept_error(st, ev)
         else:  # untraced: only its duration and outcome, for the metrics (when something reads them)
-            st.runtime.untraced_trajectory((_time_ns() - st.t0) / 1e9, st.validate, ev is not None)
+            st.runtime.untraced_trajectory(st.t0, st.validate, ev is not None)
         st.runtime.rollout_ended()
         return False
 
