@@ -95,6 +95,7 @@ class DeliveryQueue(DeliveryThread):
         self._failing = False  # the last attempt failed with a delivery (not a data) error
         self._spilling = 0
         self._dropped = 0  # dropped here (the spool counts its own cap drops)
+        self._rejected = 0  # items rejected as bad data alone, dropped here (otel_rl._isolate)
         self._stalled_at = -1  # `exported` when wait_room gave up waiting for this exporter
         self._undecodable = 0
         self._spool = make_spool(spool, config, exporter)
@@ -167,7 +168,7 @@ class DeliveryQueue(DeliveryThread):
             cur = self._current
             if cur is not None and cur.frame is None:
                 return cur.seq  # delivered in order: what is queued behind it is newer
-            for e in self._mem:  # memory-only batches, oldest first (a split batch's parts at the front)
+            for e in self._mem:  # memory-only batches, oldest first
                 if e.frame is None:
                     return e.seq
             return None
@@ -297,7 +298,7 @@ class DeliveryQueue(DeliveryThread):
         st.spool_bytes = sp.bytes if sp is not None and sp.opened else 0
         st.corrupt_frames = (sp.corrupt_frames if sp is not None else 0) + self._undecodable
         st.dropped = self._dropped + (sp.dropped_items if sp is not None else 0)
-        st.rejected = getattr(self._inner, "rejected", 0)
+        st.rejected = getattr(self._inner, "rejected", 0) + self._rejected
 
     def _idle(self) -> bool:
         disk = self._disk

@@ -13,6 +13,7 @@ from collections import deque
 from typing import Any
 
 from ._batch import Entry, ExporterStats
+from ._isolate import Isolation, log_rejected
 from ._memory import RELEASE_BYTES, release_memory
 from ._spill import Spiller
 from ._values import warn_once
@@ -28,9 +29,10 @@ SPOOLED_FACTOR = 4
 
 
 # Errors that say "this data is wrong", not "the tracker is unreachable": a batch that fails
-# with one of them POISON_MAX_ATTEMPTS times in a row is dropped (counted, logged) so it cannot
-# block everything behind it.  Any other error (OSError, ConnectionError, a tracker's own
-# exception) is retried with backoff for as long as the process runs.
+# with one of them POISON_MAX_ATTEMPTS times in a row is delivered in parts until the items the
+# exporter rejects are alone; those are dropped (counted, logged), nothing else (otel_rl._isolate).
+# Any other error (OSError, ConnectionError, a tracker's own exception) is retried with backoff for
+# as long as the process runs.
 POISON_ERRORS = DATA_ERRORS
 POISON_MAX_ATTEMPTS = 3
 
@@ -55,6 +57,7 @@ class DeliveryThread:
     _flushing: int
     _spilling: int
     _dropped: int
+    _rejected: int
     _undecodable: int
     _spool: Any
     _disk: Spiller | None
@@ -79,12 +82,21 @@ class DeliveryThread:
             e = self._next_entry()
             if e is None:
                 break
+            iso = e.isolating
             try:
-                if e.spans and not e.spans_done:
-                    self.exporter.export_spans(e.spans)
-                    e.spans_done = True
-                if e.records:
-                    self.exporter.export_records(e.records)
+                if iso is None:
+                    if e.spans and not e.spans_done:
+                        self.exporter.export_spans(e.spans)
+                        e.spans_done = True
+                    if e.records:
+                        self.exporter.export_records(e.records)
+                else:  # a batch rejected as bad data: its next part
+                    kind, part = iso.todo[0]
+                    if kind == "spans":
+                        self.exporter.export_spans(part)
+                    else:
+                        self.exporter.export_records(part)
+                    iso.todo.popleft()
             except Exception as exc:  # the exporter failed: keep the batch, back off, retry
                 self.stats.failed_attempts += 1
                 warn_once(
@@ -95,23 +107,23 @@ class DeliveryThread:
                     exc,
                 )
                 poison = is_data_error(exc)
-                poison_attempts = poison_attempts + 1 if poison else 0
-                if poison_attempts >= POISON_MAX_ATTEMPTS and e.parts and e.frame is None:
-                    # a gathered batch: find the bad one among the batches it was made of
-                    self._split(e)
-                    poison_attempts = attempt = 0
+                if poison and iso is not None:
+                    self._refused(e, iso, exc)  # the part is halved, or, one item, dropped
                     continue
+                poison_attempts = poison_attempts + 1 if poison else 0
                 if poison_attempts >= POISON_MAX_ATTEMPTS:
-                    # the same data error every time: this batch will never go through
-                    _log.error(
-                        "otel-rl: exporter %r rejected a batch %d times (%s: %s); dropped its %d items",
+                    # the same data error every time: the batch goes in parts, until the bad items are alone
+                    _log.warning(
+                        "otel-rl: exporter %r rejected a batch %d times (%s: %s); delivering its %d items in "
+                        "parts to find the bad ones",
                         self.name,
                         poison_attempts,
                         type(exc).__name__,
                         exc,
                         e.n,
                     )
-                    self._finish(e, delivered=False)
+                    e.isolating = Isolation(e.spans, e.records, e.spans_done)
+                    self._refused(e, e.isolating, exc)
                     poison_attempts = attempt = 0
                     continue
                 if not poison:
@@ -129,7 +141,9 @@ class DeliveryThread:
             attempt = 0
             poison_attempts = 0
             self._failing = False
-            self._finish(e, delivered=True)
+            if iso is not None and iso.todo:
+                continue  # the next part of a batch rejected as bad data
+            self._finish(e)
         self._close()
 
     def _recover(self) -> None:
@@ -243,29 +257,23 @@ class DeliveryThread:
             or self._flushing
             or self._mem_items >= _GATHER_MAX_ITEMS
             or 0 < self._gather_max_bytes <= self._mem_bytes
-            or self._mem[0].alone
         ):
             return 0.0
         return self._mem[0].t + self._gather_s - time.monotonic()
 
     def _take_memory(self) -> Entry:
         """The memory queue's oldest batch, gathered with the ones after it when this queue gathers
-        (up to _GATHER_MAX_ITEMS; a batch split off a failed gathered one goes alone).  Under _cond."""
+        (up to _GATHER_MAX_ITEMS).  Under _cond."""
         entry = self._mem.popleft()
         self._mem_items -= entry.n
         self._mem_bytes -= entry.nbytes
-        if self._gather_s <= 0 or entry.alone:
+        if self._gather_s <= 0:
             return entry
         parts = [entry]
         n = entry.n
         b = entry.nbytes
         cap_b = self._gather_max_bytes or float("inf")
-        while (
-            self._mem
-            and not self._mem[0].alone
-            and n + self._mem[0].n <= _GATHER_MAX_ITEMS
-            and b + self._mem[0].nbytes <= cap_b
-        ):
+        while self._mem and n + self._mem[0].n <= _GATHER_MAX_ITEMS and b + self._mem[0].nbytes <= cap_b:
             e = self._mem.popleft()
             self._mem_items -= e.n
             self._mem_bytes -= e.nbytes
@@ -274,20 +282,17 @@ class DeliveryThread:
             parts.append(e)
         return parts[0] if len(parts) == 1 else Entry.gather(parts)
 
-    def _split(self, e: Entry) -> None:
-        """A gathered batch that the exporter rejects as bad data: its batches go back to the front
-        of the memory queue, each to be delivered (or rejected) alone."""
-        with self._cond:
-            for p in reversed(e.parts or []):
-                p.alone = True
-                p.spans_done = p.spans_done or e.spans_done
-                self._mem.appendleft(p)
-                self._mem_items += p.n
-                self._mem_bytes += p.nbytes
-            self._current = None
-            self._refresh()
+    def _refused(self, e: Entry, iso: Isolation, exc: BaseException) -> None:
+        """A part of batch `e` was rejected as bad data: halved, or, a single item, dropped (counted, logged).
+        The batch is finished (its spool frame acknowledged) once every part is delivered or dropped."""
+        item = iso.refused()
+        if item is not None:
+            self._rejected += 1
+            log_rejected(self.name, item, exc, self._rejected)
+        if not iso.todo:
+            self._finish(e)
 
-    def _finish(self, e: Entry, delivered: bool) -> None:
+    def _finish(self, e: Entry) -> None:
         with self._io:
             sp = self._spool
             if e.frame is not None and sp is not None:
@@ -296,12 +301,13 @@ class DeliveryThread:
                 self._current = None
                 if self._max_bytes:
                     self._freed += e.nbytes
-                if delivered:
-                    self.stats.exported += e.n
-                    if e.frame is not None:
-                        self.stats.replayed += e.n
-                else:
-                    self._dropped += e.n
+                n = e.n
+                if e.isolating is not None:  # items rejected as bad data: dropped
+                    n -= e.isolating.rejected
+                    self._dropped += e.isolating.rejected
+                self.stats.exported += n
+                if e.frame is not None:
+                    self.stats.replayed += n
                 self._refresh()
                 self._cond.notify_all()
 
@@ -330,7 +336,16 @@ class DeliveryThread:
             self._spill(sync=True)
         with self._cond:
             cur = self._current
-            lost = self._mem_items + (cur.n if cur is not None and cur.frame is None else 0)
+            lost = self._mem_items
+            if cur is not None and cur.frame is None:
+                iso = cur.isolating
+                if iso is None:
+                    lost += cur.n
+                else:  # in parts: those delivered are, those rejected were dropped
+                    left = sum(len(part) for _, part in iso.todo)
+                    self.stats.exported += cur.n - iso.rejected - left
+                    self._dropped += iso.rejected
+                    lost += left
             self._dropped += lost
             self._mem.clear()
             self._mem_items = 0
