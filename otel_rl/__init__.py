@@ -18,7 +18,8 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import SupportsInt
 
-from ._handle import Handle, __version__, current, init
+from ._handle import Handle, __version__
+from ._init import current, init
 from .config import Config, ConfigError
 from .exporters.base import Exporter
 from .exporters.registry import UnknownExporterError
@@ -29,10 +30,10 @@ def log(data: Mapping[str, object], step: SupportsInt | str | bytes | None = Non
     """`Handle.log` on the current pipeline (a warning, once, when there is none)."""
     h = current()
     if h is None:
-        from . import _handle
+        from . import _init
         from ._values import warn_once
 
-        if _handle.forked_from is not None:
+        if _init.forked_from is not None:
             warn_once(
                 "log-forked-child",
                 "otel-rl: log() in a forked child process (pid %d, forked from %d, whose "
@@ -40,7 +41,7 @@ def log(data: Mapping[str, object], step: SupportsInt | str | bytes | None = Non
                 "the child (with the parent's Handle.worker_env() in its environment to join the same run), or "
                 "log from the parent",
                 os.getpid(),
-                _handle.forked_from,
+                _init.forked_from,
             )
         else:
             warn_once("log-no-init", "otel-rl: log() called before otel_rl.init(); nothing recorded")

@@ -26,7 +26,7 @@ class ExporterStats:
     def __init__(self) -> None:
         self.exported = 0  # items delivered (records + spans)
         self.failed_attempts = 0
-        self.dropped = 0  # items given up on: memory overflow without a spool, spool cap, poison batches
+        self.dropped = 0  # items given up on: memory overflow without a spool, spool cap, items rejected as bad data
         self.retried = 0
         self.queued = 0  # items not delivered yet: in memory + in the spool
         self.in_memory = 0  # of which only in memory (lost if the process dies)
@@ -35,7 +35,9 @@ class ExporterStats:
         self.spool_bytes = 0  # bytes of the spool's segment files
         self.replayed = 0  # items delivered from the spool (cumulative; part of `exported`)
         self.corrupt_frames = 0  # spool regions skipped as corrupt (checksum, torn tail, unreadable)
-        self.rejected = 0  # records (or a step's points) the tracker refused as bad data, each alone
+        # records (or a step's points) the tracker refused as bad data, each alone; and items of a batch the
+        # exporter kept rejecting that were still rejected alone (otel_rl._isolate; part of `dropped`)
+        self.rejected = 0
         self.shed = 0  # spans dropped from a memory queue over its bound (part of `dropped`; records never are)
 
     def as_dict(self) -> dict[str, int]:
@@ -53,8 +55,7 @@ class Entry:
         "spans_done",
         "unspoolable",
         "t",
-        "parts",
-        "alone",
+        "isolating",
         "seq",
         "prepared",
         "nbytes",
@@ -70,8 +71,7 @@ class Entry:
         self.spans_done = False  # a retry after a records failure does not resend the spans
         self.unspoolable = False  # could not be written (codec error / cap): delivered from memory only
         self.t = time.monotonic()  # when it was queued (export_interval_s counts from the oldest)
-        self.parts: list[Entry] | None = None  # a gathered batch: the batches it was made of
-        self.alone = False  # split off a gathered batch that failed: delivered alone
+        self.isolating: Any = None  # rejected as bad data: delivered in parts (otel_rl._isolate.Isolation)
         self.prepared = False  # handed to the exporter's `prepare` while its delivery gathered
 
     @staticmethod
@@ -81,20 +81,19 @@ class Entry:
         records = [r for p in parts for r in p.records]
         e = Entry(spans, records, sum(p.n for p in parts), seq=parts[0].seq, nbytes=sum(p.nbytes for p in parts))
         e.t = parts[0].t
-        e.parts = parts
         return e
 
 
 def gather_runs(todo: list[Entry], inflight: Entry | None, max_items: int, max_bytes: int) -> list[Entry]:
     """The batches `todo` (oldest first) of a gathering queue as it would gather them, for its spool: a
     frame is delivered as one call when it is read back, so the delivery after an outage makes as few
-    calls as a delivery from memory.  The batch in flight, and one split off a failed one, stay alone."""
+    calls as a delivery from memory.  The batch in flight stays alone."""
     out: list[Entry] = []
     group: list[Entry] = []
     n = b = 0
     cap_b = max_bytes or float("inf")
     for e in todo:
-        alone = e is inflight or e.alone
+        alone = e is inflight
         if group and (alone or n + e.n > max_items or b + e.nbytes > cap_b):
             out.append(group[0] if len(group) == 1 else Entry.gather(group))
             group, n, b = [], 0, 0

@@ -1,6 +1,6 @@
 """Delivery to one exporter: `DeliveryQueue` keeps its batches in order, hands them over on its own
-thread, retries a failed one with exponential backoff and jitter, and gathers batches that come close
-together into one delivery.  A slow exporter only grows its own queue (bounded).
+thread (otel_rl._delivery_thread), retries a failed one with exponential backoff and jitter, and gathers
+batches that come close together into one delivery.  A slow exporter only grows its own queue (bounded).
 
 A queue with a spool (tracker exporters by default; otel_rl.spool, docs/delivery.md) has a `Spiller`
 (otel_rl._spill) that writes to append-only files on disk what the exporter fails to take or falls
@@ -11,7 +11,6 @@ an overflowing queue sheds the spans of its oldest batches (counted); records ar
 from __future__ import annotations
 
 import logging
-import random
 import threading
 import time
 from collections import deque
@@ -19,28 +18,31 @@ from collections.abc import Sequence
 from typing import Any
 
 from ._batch import Entry, ExporterStats, gather_runs
-from ._memory import ITEM_BYTES, RELEASE_BYTES, release_memory
+from ._delivery_thread import (
+    _GATHER_MAX_ITEMS,
+    POISON_ERRORS,
+    POISON_MAX_ATTEMPTS,
+    SPOOLED_FACTOR,
+    SYNC_INTERVAL_S,
+    DeliveryThread,
+)
+from ._memory import ITEM_BYTES
 from ._spill import Spiller, make_spool
 from ._values import warn_once
-from .exporters.base import DATA_ERRORS, is_data_error
+
+__all__ = [
+    "POISON_ERRORS",
+    "POISON_MAX_ATTEMPTS",
+    "SPOOLED_FACTOR",
+    "SYNC_INTERVAL_S",
+    "DeliveryQueue",
+    "wait_all_idle",
+]
 
 _log = logging.getLogger("otel_rl")
-#: an idle queue with unsynced spool writes fsyncs them this often
-SYNC_INTERVAL_S = 1.0
-_GATHER_MAX_ITEMS = 20_000  # a gathered delivery holds at most this many items (spans + records)
-#: a batch read back from the spool takes about this many times its encoded size in memory
-SPOOLED_FACTOR = 4
 
 
-# Errors that say "this data is wrong", not "the tracker is unreachable": a batch that fails
-# with one of them POISON_MAX_ATTEMPTS times in a row is dropped (counted, logged) so it cannot
-# block everything behind it.  Any other error (OSError, ConnectionError, a tracker's own
-# exception) is retried with backoff for as long as the process runs.
-POISON_ERRORS = DATA_ERRORS
-POISON_MAX_ATTEMPTS = 3
-
-
-class DeliveryQueue:
+class DeliveryQueue(DeliveryThread):
     """One exporter's batches, delivered in order on its own thread.
 
     With a spool (``spool=`` options or a `Spool`, or ``config=`` to derive them; see
@@ -93,6 +95,7 @@ class DeliveryQueue:
         self._failing = False  # the last attempt failed with a delivery (not a data) error
         self._spilling = 0
         self._dropped = 0  # dropped here (the spool counts its own cap drops)
+        self._rejected = 0  # items rejected as bad data alone, dropped here (otel_rl._isolate)
         self._stalled_at = -1  # `exported` when wait_room gave up waiting for this exporter
         self._undecodable = 0
         self._spool = make_spool(spool, config, exporter)
@@ -165,7 +168,7 @@ class DeliveryQueue:
             cur = self._current
             if cur is not None and cur.frame is None:
                 return cur.seq  # delivered in order: what is queued behind it is newer
-            for e in self._mem:  # memory-only batches, oldest first (a split batch's parts at the front)
+            for e in self._mem:  # memory-only batches, oldest first
                 if e.frame is None:
                     return e.seq
             return None
@@ -295,7 +298,7 @@ class DeliveryQueue:
         st.spool_bytes = sp.bytes if sp is not None and sp.opened else 0
         st.corrupt_frames = (sp.corrupt_frames if sp is not None else 0) + self._undecodable
         st.dropped = self._dropped + (sp.dropped_items if sp is not None else 0)
-        st.rejected = getattr(self._inner, "rejected", 0)
+        st.rejected = getattr(self._inner, "rejected", 0) + self._rejected
 
     def _idle(self) -> bool:
         disk = self._disk
@@ -306,285 +309,6 @@ class DeliveryQueue:
             and not self._recovering
             and not (disk is not None and disk.spool.pending_frames)
         )
-
-    # -- delivery thread ---------------------------------------------------------------------
-    def _run(self) -> None:
-        self._recover()
-        attempt = 0
-        poison_attempts = 0
-        while True:
-            e = self._next_entry()
-            if e is None:
-                break
-            try:
-                if e.spans and not e.spans_done:
-                    self.exporter.export_spans(e.spans)
-                    e.spans_done = True
-                if e.records:
-                    self.exporter.export_records(e.records)
-            except Exception as exc:  # the exporter failed: keep the batch, back off, retry
-                self.stats.failed_attempts += 1
-                warn_once(
-                    f"export-fail:{self.name}:{type(exc).__name__}",
-                    "otel-rl: exporter %r failed (%s: %s); the batch is kept and retried",
-                    self.name,
-                    type(exc).__name__,
-                    exc,
-                )
-                poison = is_data_error(exc)
-                poison_attempts = poison_attempts + 1 if poison else 0
-                if poison_attempts >= POISON_MAX_ATTEMPTS and e.parts and e.frame is None:
-                    # a gathered batch: find the bad one among the batches it was made of
-                    self._split(e)
-                    poison_attempts = attempt = 0
-                    continue
-                if poison_attempts >= POISON_MAX_ATTEMPTS:
-                    # the same data error every time: this batch will never go through
-                    _log.error(
-                        "otel-rl: exporter %r rejected a batch %d times (%s: %s); dropped its %d items",
-                        self.name,
-                        poison_attempts,
-                        type(exc).__name__,
-                        exc,
-                        e.n,
-                    )
-                    self._finish(e, delivered=False)
-                    poison_attempts = attempt = 0
-                    continue
-                if not poison:
-                    self._failing = True
-                if self._stop:  # shutting down: keep what is left in the spool, or give up (counted)
-                    self._give_up()
-                    break
-                if self._failing and self._spool is not None:
-                    self._spill()  # the exporter is down: what waits is made durable now
-                delay = min(self._backoff_max, 0.05 * (2 ** min(attempt, 16)))
-                attempt += 1
-                self.stats.retried += 1
-                self._backoff(delay * (0.5 + random.random()))
-                continue
-            attempt = 0
-            poison_attempts = 0
-            self._failing = False
-            self._finish(e, delivered=True)
-        self._close()
-
-    def _recover(self) -> None:
-        """A spool directory left by an earlier process: deliver its frames first."""
-        disk = self._disk
-        if disk is None:
-            return
-        try:
-            with self._io:
-                disk.recover()
-        finally:
-            with self._cond:
-                self._recovering = False
-                self._refresh()
-                self._cond.notify_all()
-
-    def _next_entry(self) -> Entry | None:
-        """The batch to deliver next (the one in flight if any); None when stopped and idle."""
-        disk = self._disk
-        while True:
-            frame = None
-            with self._io:
-                with self._cond:
-                    if self._current is not None:
-                        return self._current
-                if disk is not None and disk.pending:
-                    frame = disk.spool.peek()
-                    if frame is not None:
-                        entry = disk.take_cached(frame)
-                        if entry is not None:
-                            with self._cond:
-                                self._current = entry
-                                self._refresh()
-                            return entry
-                    else:
-                        with self._cond:
-                            self._refresh()
-                gather_wait = 0.0
-                if frame is None:
-                    with self._cond:
-                        if self._mem:
-                            gather_wait = self._gather_left()
-                            if gather_wait <= 0:
-                                entry = self._take_memory()
-                                self._current = entry
-                                self._refresh()
-                                return entry
-            if gather_wait > 0:
-                if self._prepare is not None and self._prepare_gathered():
-                    continue  # that took time: look again
-                with self._cond:
-                    self._cond.wait(gather_wait)
-                continue
-            if frame is not None and disk is not None:
-                batch = disk.read(frame)
-                if batch is None:  # cannot be decoded: skipped (counted)
-                    with self._io:
-                        disk.spool.advance(frame)
-                        with self._cond:
-                            self._undecodable += 1
-                            self._dropped += frame.n_items
-                            self._refresh()
-                    continue
-                entry = Entry(batch[0], batch[1], frame.n_items, frame, nbytes=len(frame.payload) * SPOOLED_FACTOR)
-                with self._cond:
-                    self._current = entry
-                return entry
-            with self._cond:
-                if self._mem or self._spilling or (disk is not None and disk.pending):
-                    continue
-                if self._stop:
-                    self._cond.notify_all()
-                    return None
-                self._cond.notify_all()  # idle: wake wait_idle()
-                dirty = disk is not None and disk.dirty
-                freed = self._freed >= RELEASE_BYTES
-                if freed:
-                    self._freed = 0
-                else:
-                    self._cond.wait(SYNC_INTERVAL_S if dirty else None)
-            if freed:
-                release_memory()  # a backlog delivered: its memory back to the system
-            if dirty and disk is not None:
-                with self._io:
-                    if disk.dirty:
-                        disk.sync()
-
-    def _prepare_gathered(self) -> bool:
-        """The exporter's `prepare` for the memory batches that have not had it (while they gather);
-        whether there were any.  A failing `prepare` only costs its time: the delivery does the work."""
-        prepare = self._prepare
-        if prepare is None:
-            return False
-        with self._cond:
-            todo = [e for e in self._mem if not e.prepared and e.records]
-            for e in todo:
-                e.prepared = True
-        for e in todo:
-            try:
-                prepare(e.records)
-            except Exception:
-                _log.debug("otel-rl: exporter %r: prepare failed", self.name, exc_info=True)
-        return bool(todo)
-
-    def _gather_left(self) -> float:
-        """Seconds the delivery thread waits for more batches before the memory queue's oldest goes
-        out (0: now).  Under _cond, with batches in memory."""
-        if (
-            self._gather_s <= 0
-            or self._stop
-            or self._flushing
-            or self._mem_items >= _GATHER_MAX_ITEMS
-            or 0 < self._gather_max_bytes <= self._mem_bytes
-            or self._mem[0].alone
-        ):
-            return 0.0
-        return self._mem[0].t + self._gather_s - time.monotonic()
-
-    def _take_memory(self) -> Entry:
-        """The memory queue's oldest batch, gathered with the ones after it when this queue gathers
-        (up to _GATHER_MAX_ITEMS; a batch split off a failed gathered one goes alone).  Under _cond."""
-        entry = self._mem.popleft()
-        self._mem_items -= entry.n
-        self._mem_bytes -= entry.nbytes
-        if self._gather_s <= 0 or entry.alone:
-            return entry
-        parts = [entry]
-        n = entry.n
-        b = entry.nbytes
-        cap_b = self._gather_max_bytes or float("inf")
-        while (
-            self._mem
-            and not self._mem[0].alone
-            and n + self._mem[0].n <= _GATHER_MAX_ITEMS
-            and b + self._mem[0].nbytes <= cap_b
-        ):
-            e = self._mem.popleft()
-            self._mem_items -= e.n
-            self._mem_bytes -= e.nbytes
-            n += e.n
-            b += e.nbytes
-            parts.append(e)
-        return parts[0] if len(parts) == 1 else Entry.gather(parts)
-
-    def _split(self, e: Entry) -> None:
-        """A gathered batch that the exporter rejects as bad data: its batches go back to the front
-        of the memory queue, each to be delivered (or rejected) alone."""
-        with self._cond:
-            for p in reversed(e.parts or []):
-                p.alone = True
-                p.spans_done = p.spans_done or e.spans_done
-                self._mem.appendleft(p)
-                self._mem_items += p.n
-                self._mem_bytes += p.nbytes
-            self._current = None
-            self._refresh()
-
-    def _finish(self, e: Entry, delivered: bool) -> None:
-        with self._io:
-            sp = self._spool
-            if e.frame is not None and sp is not None:
-                sp.advance(e.frame)
-            with self._cond:
-                self._current = None
-                if self._max_bytes:
-                    self._freed += e.nbytes
-                if delivered:
-                    self.stats.exported += e.n
-                    if e.frame is not None:
-                        self.stats.replayed += e.n
-                else:
-                    self._dropped += e.n
-                self._refresh()
-                self._cond.notify_all()
-
-    def _backoff(self, delay: float) -> None:
-        end = time.monotonic() + delay
-        disk = self._disk
-        with self._cond:
-            while not self._stop and not self._nudge:
-                left = end - time.monotonic()
-                if left <= 0:
-                    break
-                self._cond.wait(min(left, SYNC_INTERVAL_S))
-                if disk is not None and disk.dirty:
-                    self._cond.release()
-                    try:
-                        with self._io:
-                            if disk.dirty:
-                                disk.sync()
-                    finally:
-                        self._cond.acquire()
-            self._nudge = False
-
-    def _give_up(self) -> None:
-        """Stopping while the exporter fails: the rest goes to the spool, or is dropped (counted)."""
-        if self._spool is not None:
-            self._spill(sync=True)
-        with self._cond:
-            cur = self._current
-            lost = self._mem_items + (cur.n if cur is not None and cur.frame is None else 0)
-            self._dropped += lost
-            self._mem.clear()
-            self._mem_items = 0
-            self._mem_bytes = 0
-            self._current = None
-            self._refresh()
-            self._cond.notify_all()
-        if lost:
-            _log.warning("otel-rl: exporter %r still failing at shutdown; %d items not delivered", self.name, lost)
-
-    def _close(self) -> None:
-        if self._disk is not None:
-            with self._io:
-                self._disk.close()
-        with self._cond:
-            self._refresh()
-            self._cond.notify_all()
 
     # -- control -------------------------------------------------------------------------------
     def hold_flush(self) -> None:

@@ -1,16 +1,14 @@
-"""`init()` builds otel-rl's private providers and returns the `Handle`."""
+"""The `Handle` of a running pipeline: otel-rl's private providers, `log()` and `log_generations()`, the
+pipeline changed while it runs, `flush()` and `shutdown()`.  `init()` (otel_rl._init) makes it."""
 
 from __future__ import annotations
 
-import atexit
 import logging
-import os
-import re
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
-from typing import Any, SupportsFloat, SupportsInt, cast
+from typing import Any, SupportsInt
 
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.resources import Resource
@@ -19,7 +17,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from . import _exit, _runtime
 from . import semconv as sc
-from ._assemble import build_exporters, end_exporter
+from ._assemble import end_exporter
 from ._instruments import Instruments, views
 from ._items import GenerationsItem, LogItem
 from ._lightspan import LightTracer, TimeOrderedIds
@@ -28,28 +26,21 @@ from ._processors import (
     OtherProcessors,
     OwnProvider,
     _forwarding,  # noqa: F401 - the global provider otel-rl installs (tests compare against it)
-    global_sdk_providers,
-    maybe_set_global,
 )
 from ._runtime import STEP, Runtime
-from ._values import coerce_metrics, warn_once
-from .config import Config, resolve
+from ._values import coerce_metrics, coerce_step, generation_rows, warn_once
+from .config import Config
 from .export_process.client import ExportProcessClient
-from .export_process.protocol import IN_EXPORT_PROCESS as _IN_EXPORT_PROCESS
 from .exporters import registry
 from .exporters.base import Exporter
-from .instrument import _open_traced, end_open_trajectories
+from .instrument import end_open_trajectories
 from .redact import scrub_secrets
 from .sampling import Sampler
 from .serialize import to_json
 from .spool.replay import note_run_end
 
 _log = logging.getLogger("otel_rl")
-#: steps are signed 64-bit integers in every tracker (and in OTLP): -2**63 <= step < 2**63
-_STEP_LIMIT = 1 << 63
 __version__ = "0.1.0"
-_atexit_registered = False
-_init_lock = threading.Lock()
 
 
 class Handle:
@@ -215,9 +206,10 @@ class Handle:
             warn_once("log-after-shutdown", "otel-rl: log() after shutdown; nothing recorded")
             return
         st = STEP.get()
-        n = self._coerce_step(step, st)
+        n = coerce_step(step, st.n if st is not None else self._last_step)
         if n is None:
             return
+        self._last_step = n
         try:
             values, skipped = coerce_metrics(data)
         except TypeError as exc:
@@ -247,37 +239,6 @@ class Handle:
             )
         )
 
-    def _coerce_step(self, step: Any, st: Any) -> int | None:
-        if step is None:
-            n = st.n if st is not None else self._last_step
-        else:
-            try:
-                if isinstance(step, (str, bytes)):  # "7": the integer it spells (decimal digits, a sign)
-                    text = step.decode("ascii") if isinstance(step, bytes) else step
-                    if not re.fullmatch(r"\s*[+-]?[0-9]+\s*", text):
-                        raise ValueError
-                n = int(step)
-                if isinstance(step, float) and n != step:
-                    raise ValueError
-            except (TypeError, ValueError, OverflowError, UnicodeDecodeError):  # OverflowError: step=inf
-                fallback = st.n if st is not None else self._last_step
-                warn_once(
-                    f"bad-step:{type(step).__name__}",
-                    "otel-rl: step %r is not an integer; using step %d",
-                    step,
-                    fallback,
-                )
-                n = fallback
-        if not -_STEP_LIMIT <= n < _STEP_LIMIT:  # what every tracker stores a step as: a signed 64-bit int
-            warn_once(
-                f"step-range:{n}",
-                "otel-rl: step %d is outside the signed 64-bit range trackers store; nothing recorded at it",
-                n,
-            )
-            return None
-        self._last_step = n
-        return n
-
     def log_generations(
         self,
         samples: Iterable[Sequence[object]],
@@ -291,25 +252,14 @@ class Handle:
         `exporters` (names) restricts them to those exporters."""
         if self._closed:
             return
-        n = self._coerce_step(step, STEP.get())
+        st = STEP.get()
+        n = coerce_step(step, st.n if st is not None else self._last_step)
         if n is None:
             return
+        self._last_step = n
         if limit is None and self.config.log_val_generations > 0:
             limit = self.config.log_val_generations
-        rows = []
-        for i, sample in enumerate(samples):
-            if limit is not None and i >= limit:
-                break
-            try:
-                inp, out, score = (list(sample) + [None, None, None])[:3]
-            except TypeError:
-                warn_once("gen-row", "otel-rl: a generation sample is not a sequence (input, output, score); skipped")
-                continue
-            try:
-                score_f = float(cast(SupportsFloat, score)) if score is not None else float("nan")
-            except (TypeError, ValueError):
-                score_f = float("nan")
-            rows.append(("" if inp is None else str(inp), "" if out is None else str(out), score_f))
+        rows = generation_rows(samples, limit)
         if exporters is None:
             exporters = self._record_targets
         if rows:
@@ -522,94 +472,10 @@ class Handle:
         self._shutdown(None, _exit.outcome_of(et, ev, tb) or _exit.outcome())
 
 
-#: captures (`otel_rl.testing.CaptureExporter`) that every pipeline started joins: the test kit's fixture
-joining: list[Any] = []
+def __getattr__(name: str) -> Any:
+    # (`init`, `current` and the test kit's `joining` were defined here: otel_rl._init holds them now)
+    if name in ("init", "current", "joining", "forked_from"):
+        from . import _init
 
-
-def init(
-    config: Mapping[str, object] | Sequence[str] | None = None,
-    *,
-    overrides: Sequence[str] | None = None,
-    tokenizer: object = None,
-    exporters: str | Exporter | Iterable[str | Exporter] | None = None,
-    **kwargs: object,
-) -> Handle:
-    """Start otel-rl.  Precedence: keyword arguments > `config` (+ `overrides`) > environment > defaults.
-
-    `config` is a verl-shaped dict / DictConfig or a list of dotlist overrides.
-    `exporters` (alias `logger`) takes names and/or `Exporter` instances.
-    Returns the `Handle`; it becomes the current one used by `otel_rl.log()`
-    and the decorators.  A previous handle is shut down first.
-    """
-    global _atexit_registered
-    settings: dict[str, Any] = kwargs
-    given: list[Exporter] = []
-    if "logger" in settings and exporters is None:
-        exporters = settings.pop("logger")
-    if exporters is not None:
-        names: list[str] = []
-        for e in [exporters] if isinstance(exporters, (str, Exporter)) else list(exporters):
-            if isinstance(e, Exporter):
-                given.append(e)
-            else:
-                names.append(e)
-        if names or not given:
-            settings["exporters"] = names
-        elif given:
-            settings["exporters"] = []
-    cfg = resolve(config, overrides, **settings)
-    given += [cap.joining() for cap in joining if cap not in given]
-    # the user's own OpenTelemetry pipeline: a global SDK provider set before init(), not one that a
-    # tracker library sets while its exporter starts (_processors); never in the export process
-    global_providers = (
-        global_sdk_providers(registry.REQUIRES.values()) if os.environ.get(_IN_EXPORT_PROCESS) != "1" else (None, None)
-    )
-    built = build_exporters(cfg, given)  # raises for unknown names before anything starts
-    with _init_lock:
-        previous = _runtime.active.handle
-        if previous is not None:
-            if not getattr(previous, "replaced_quietly", False):
-                _log.warning("otel-rl: init() called again; shutting down the previous pipeline")
-            previous.shutdown()
-        handle = Handle(cfg, built, tokenizer, global_providers)
-        for cap in joining:
-            cap.handle = handle
-        global forked_from
-        forked_from = None
-        _runtime.install(handle.runtime)
-        if not _atexit_registered:
-            atexit.register(_shutdown_current)
-            _atexit_registered = True
-        if not cfg.disabled and os.environ.get(_IN_EXPORT_PROCESS) != "1":
-            _exit.install(_shutdown_current, cfg.handle_sigterm)
-    if not cfg.disabled:
-        maybe_set_global(cfg)
-    return handle
-
-
-#: in a forked child of a process whose pipeline was running: the parent's pid (for `otel_rl.log`'s warning)
-forked_from: int | None = None
-
-
-def _after_fork_in_child() -> None:
-    # the pipeline's threads do not exist in a forked child: telemetry there is off until it calls init()
-    global forked_from
-    if _runtime.active.handle is not None:
-        forked_from = os.getppid()
-        _runtime.uninstall()
-        _open_traced.clear()  # the parent's rollouts
-        _log.debug("otel-rl: forked child: telemetry off until otel_rl.init() is called in the child")
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-def _shutdown_current() -> None:
-    h = _runtime.active.handle
-    if h is not None:
-        h.shutdown()  # within its shutdown_timeout_s
-
-
-def current() -> Handle | None:
-    return _runtime.active.handle
+        return getattr(_init, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

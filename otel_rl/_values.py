@@ -1,4 +1,5 @@
-"""Coercion of logged values to the scalars a step record holds.
+"""Coercion of logged values to the scalars a step record holds, of a step to its integer
+(`coerce_step`) and of generation samples to their rows (`generation_rows`).
 
 `coerce_metrics` runs on the caller's thread, so it is a single pass with a
 type-keyed fast path.  Tensors are gathered and moved to the host in one
@@ -10,9 +11,11 @@ from __future__ import annotations
 import logging
 import math
 import numbers
+import re
 import sys
 import threading
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import Any, SupportsFloat, cast
 
 _log = logging.getLogger("otel_rl")
 
@@ -259,3 +262,60 @@ def _in_order(subs: list[tuple[Any, list[tuple[int, str, Any]]]]) -> list[tuple[
 
 def is_finite(value: float | int | bool) -> bool:
     return not (type(value) is float and not math.isfinite(value))
+
+
+#: steps are signed 64-bit integers in every tracker (and in OTLP): -2**63 <= step < 2**63
+STEP_LIMIT = 1 << 63
+
+
+def coerce_step(step: Any, fallback: int) -> int | None:
+    """The integer step of a `log()` call: `step` itself, or the integer a string of decimal digits spells;
+    `fallback` (the current step) for None, or, with a warning, for anything else; None (warned) for a
+    step outside the signed 64-bit range trackers store."""
+    if step is None:
+        n = fallback
+    else:
+        try:
+            if isinstance(step, (str, bytes)):  # "7": the integer it spells (decimal digits, a sign)
+                text = step.decode("ascii") if isinstance(step, bytes) else step
+                if not re.fullmatch(r"\s*[+-]?[0-9]+\s*", text):
+                    raise ValueError
+            n = int(step)
+            if isinstance(step, float) and n != step:
+                raise ValueError
+        except (TypeError, ValueError, OverflowError, UnicodeDecodeError):  # OverflowError: step=inf
+            warn_once(
+                f"bad-step:{type(step).__name__}",
+                "otel-rl: step %r is not an integer; using step %d",
+                step,
+                fallback,
+            )
+            n = fallback
+    if not -STEP_LIMIT <= n < STEP_LIMIT:  # what every tracker stores a step as: a signed 64-bit int
+        warn_once(
+            f"step-range:{n}",
+            "otel-rl: step %d is outside the signed 64-bit range trackers store; nothing recorded at it",
+            n,
+        )
+        return None
+    return n
+
+
+def generation_rows(samples: Iterable[Sequence[object]], limit: int | None) -> list[tuple[str, str, float]]:
+    """The (input, output, score) rows of `log_generations()`, at most `limit`: texts and a float score (NaN
+    when missing or not a number); a sample that is not a sequence is skipped with a warning."""
+    rows = []
+    for i, sample in enumerate(samples):
+        if limit is not None and i >= limit:
+            break
+        try:
+            inp, out, score = (list(sample) + [None, None, None])[:3]
+        except TypeError:
+            warn_once("gen-row", "otel-rl: a generation sample is not a sequence (input, output, score); skipped")
+            continue
+        try:
+            score_f = float(cast(SupportsFloat, score)) if score is not None else float("nan")
+        except (TypeError, ValueError):
+            score_f = float("nan")
+        rows.append(("" if inp is None else str(inp), "" if out is None else str(out), score_f))
+    return rows

@@ -163,17 +163,17 @@ if pytest is not None:
         """A running otel-rl pipeline capturing everything in memory (shut down afterwards).
 
         An ``otel_rl.init()`` made by the code under test starts a pipeline that this capture joins."""
-        from . import _handle
+        from . import _init
 
         cap = CaptureExporter()
-        handle = _handle.init(exporters=[cap], tracing=True, batch_delay_s=0.05)
+        handle = _init.init(exporters=[cap], tracing=True, batch_delay_s=0.05)
         handle.replaced_quietly = True
         cap.handle = handle
-        _handle.joining.append(cap)
+        _init.joining.append(cap)
         try:
             yield cap
         finally:
-            _handle.joining.remove(cap)
+            _init.joining.remove(cap)
             handle.shutdown()
             if cap.handle is not None and cap.handle is not handle:
                 cap.handle.shutdown()  # a pipeline the code under test left running

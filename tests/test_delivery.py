@@ -37,9 +37,11 @@ def test_poison_batch_is_dropped_counted_and_does_not_block(caplog):
     finally:
         h.shutdown(5)
     assert exp.steps == [1, 3]
-    assert stats["dropped"] == 1
-    assert stats["failed_attempts"] == 3
-    assert any("rejected a batch 3 times" in r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR)
+    assert stats["dropped"] == 1 and stats["rejected"] == 1
+    assert stats["failed_attempts"] == 3  # a batch of one record: that one is the bad one
+    assert any("rejected a batch 3 times" in r.getMessage() for r in caplog.records)
+    (msg,) = [r.getMessage() for r in caplog.records if "as bad data" in r.getMessage()]
+    assert f"exporter {exp.name!r} rejected the metrics 'x' at step 2" in msg
 
 
 class FlakyBoth(otel_rl.Exporter):
@@ -115,6 +117,7 @@ def test_tracker_base_retry_is_idempotent_per_part():
 
 
 # -- export_interval_s: a tracker exporter's queue gathers what is queued into one delivery -----------
+
 
 class Calls(otel_rl.Exporter):
     """Keeps each export_records call; rejects (as bad data) any call holding step `bad`."""
@@ -220,7 +223,7 @@ def test_a_flush_ends_the_gathering_of_every_queue_at_once():
         qb.stop(5)
 
 
-def test_a_bad_batch_in_a_gathered_delivery_drops_only_itself(caplog):
+def test_a_bad_record_in_a_gathered_delivery_drops_only_itself(caplog):
     from otel_rl._delivery import DeliveryQueue
 
     exp = Calls(bad=2)
@@ -229,11 +232,54 @@ def test_a_bad_batch_in_a_gathered_delivery_drops_only_itself(caplog):
         for s in (1, 2, 3):
             q.put([], _metrics(s))
         _wait(lambda: q.stats.exported + q.stats.dropped == 3)
-        assert [s for c in exp.calls for s in c] == [1, 3]  # the good batches, once each
-        assert q.stats.dropped == 1
+        assert [s for c in exp.calls for s in c] == [1, 3]  # the good records, once each
+        assert q.stats.dropped == 1 and q.stats.rejected == 1
     finally:
         q.stop(5)
     assert any("rejected a batch 3 times" in r.getMessage() for r in caplog.records)
+
+
+class RunRefusingTracker(TrackerExporter):
+    """Writes metrics; refuses (as bad data) to open the run named "bad", the way a tracker refuses a run
+    name, after the metrics of the other run of the batch are written."""
+
+    tracker_name = "runrefusing"
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.points: list = []
+
+    def open_run(self, run, start):
+        if run.run_id == "bad":
+            raise ValueError("the tracker refuses this run")
+        return run
+
+    def write_metrics(self, handle, metrics):
+        self.points.extend((handle.run_id, m.step) for m in metrics)
+
+
+def test_the_parts_of_a_rejected_batch_are_not_written_twice_by_a_tracker(caplog):
+    """A batch a tracker exporter keeps rejecting (a run it cannot open, outside its own isolation of bad
+    records) goes to it in parts: what its first attempts wrote, and each part that went through, is
+    written once; only the records of the refused run are dropped."""
+    from otel_rl._delivery import DeliveryQueue
+    from otel_rl.config import resolve
+    from otel_rl.records import RunIdentity
+
+    good, bad = RunIdentity("p", "e", "good"), RunIdentity("p", "e", "bad")
+    records = [StepMetrics(good, s, {"a": 1.0}, s) for s in range(6)] + [StepMetrics(bad, 6, {"a": 1.0}, 6)]
+    records += [StepMetrics(good, s, {"a": 1.0}, s) for s in range(7, 10)]
+    exp = RunRefusingTracker(resolve(env={}))
+    exp.name = "runrefusing"
+    q = DeliveryQueue(exp, 1000, backoff_max_s=0.1, gather_s=0.0)
+    try:
+        q.put([], records)
+        assert q.wait_idle(20)
+        stats = q.stats.as_dict()
+    finally:
+        q.stop(5)
+    assert sorted(exp.points) == [("good", s) for s in range(10) if s != 6]  # each once
+    assert stats["rejected"] == 1 and stats["dropped"] == 1 and stats["exported"] == 9
 
 
 def test_only_gathering_exporters_gather_and_the_setting_is_checked():
@@ -429,8 +475,9 @@ def test_jsonl_on_a_full_disk_writes_whole_lines_once_and_resumes(tmp_path):
 
     path = tmp_path / "m.jsonl"
     limit = 20_011  # not on a line boundary
-    res = subprocess.run([sys.executable, "-c", _DISK_FULL_CHILD, str(path), str(limit)], capture_output=True,
-                         text=True, timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-c", _DISK_FULL_CHILD, str(path), str(limit)], capture_output=True, text=True, timeout=120
+    )
     assert res.returncode == 0, res.stderr
     full, ok, failed = res.stdout.split()[-3:]
     assert ok == "True" and int(failed) > 0  # it did hit the limit and retried
@@ -442,6 +489,7 @@ def test_jsonl_on_a_full_disk_writes_whole_lines_once_and_resumes(tmp_path):
 
 
 # -- bad data: isolated to its own record ----------------------------------------------------------
+
 
 def test_log_refuses_a_step_outside_int64_with_one_warning_and_keeps_the_rest(caplog):
     from otel_rl.testing import CaptureExporter
@@ -461,8 +509,7 @@ def test_log_refuses_a_step_outside_int64_with_one_warning_and_keeps_the_rest(ca
     finally:
         h.shutdown(5)
     got = [(r.step, r.values) for r in cap.records if isinstance(r, StepMetrics)]
-    assert got == [(1, {"loss": 1.0}), (2**63 - 1, {"loss": 3.0}), (-(2**63), {"loss": 4.0}),
-                   (-(2**63), {"loss": 5.0})]
+    assert got == [(1, {"loss": 1.0}), (2**63 - 1, {"loss": 3.0}), (-(2**63), {"loss": 4.0}), (-(2**63), {"loss": 5.0})]
     assert not [r for r in cap.records if type(r).__name__ == "Generations"]
     warned = [r.getMessage() for r in caplog.records if "64-bit" in r.getMessage()]
     assert len(warned) == 2 and str(2**63) in warned[0] and str(-(2**63) - 1) in warned[1]
@@ -518,6 +565,7 @@ def test_a_tracker_rejects_only_the_point_it_refuses_and_delivers_the_rest(caplo
 
 
 # -- overload: records are never dropped in memory, spans may be shed --------------------------------
+
 
 def _burst(h, threads: int, per: int) -> None:
     import threading

@@ -44,7 +44,8 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Optional, SupportsInt, TypeVar, cast
 
-from .._handle import Handle, current, init
+from .._handle import Handle
+from .._init import current, init
 from .._values import warn_once
 from ..dotlist import get_path, to_plain
 from ..exporters.registry import UnknownExporterError

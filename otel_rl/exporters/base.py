@@ -20,7 +20,8 @@ per kind.  They must not retain the list objects they are given.  An error
 that says the *data* is wrong (`is_data_error`: ``ValueError``, ``TypeError``,
 ``OverflowError``, ... or a tracker error caused by one) will be the same at
 every attempt: the tracker exporters then find the records it is about and
-reject only those (docs/delivery.md).
+reject only those; for any other exporter its queue does, handing the batch
+over in parts until the bad items are alone (docs/delivery.md).
 """
 
 from __future__ import annotations

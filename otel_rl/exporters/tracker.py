@@ -10,7 +10,8 @@ needs the same way:
 - splits the records by type and calls `write_metrics`, `write_generations`,
   `write_trajectories` once per run per batch;
 - makes a retried batch idempotent: records of a batch already written are not
-  written again when the batch is retried after a failure of a later part;
+  written again when the batch is retried after a failure of a later part, nor
+  when its queue hands it over in parts (a batch it kept rejecting as bad data);
 - isolates bad data: a write that fails with a data error (`is_data_error`) is
   split in halves until the records it is about are alone, and only those are
   rejected (a step's metrics point by point: the other keys of the step go
@@ -80,6 +81,7 @@ class TrackerExporter(Exporter, Generic[RunHandle]):
         # dropped while being retried leaves its ids behind until the next batch)
         self._written: dict[int, Any] = {}
         self._inflight: Any = None  # the batch being retried; a different batch resets the progress
+        self._inflight_ids: set[int] | None = None  # ids of its records, once a part of it is delivered alone
         self._points: dict[int, tuple[Any, list[StepMetrics]]] = {}  # id(record) -> its points, one per key
         self.rejected = 0  # records (or a step's points) refused by the tracker as bad data
         self.wants_trajectories = type(self).routing(config)
@@ -159,11 +161,12 @@ class TrackerExporter(Exporter, Generic[RunHandle]):
 
     # -- machinery -------------------------------------------------------------------------
     def export_records(self, records: Sequence[Record]) -> None:
-        if records is not self._inflight:
+        if records is not self._inflight and (self._inflight is None or not self._part_of_inflight(records)):
             # a new batch (the previous one was delivered or given up): forget partial progress
             self._written.clear()
             self._points.clear()
             self._inflight = records
+            self._inflight_ids = None
         groups: OrderedDict[RunIdentity, list[Any]] = OrderedDict()
         for r in records:
             if (
@@ -192,9 +195,20 @@ class TrackerExporter(Exporter, Generic[RunHandle]):
                 items = [r for r in recs if isinstance(r, cls)]
                 if items:
                     self._write_isolated(handle, items, write)
-        self._written.clear()  # the whole batch is delivered
-        self._points.clear()
-        self._inflight = None
+        if records is self._inflight:  # the whole batch is delivered (else one part of it: the rest may follow)
+            self._written.clear()
+            self._points.clear()
+            self._inflight = None
+            self._inflight_ids = None
+
+    def _part_of_inflight(self, records: Sequence[Record]) -> bool:
+        """Whether `records` are all of the batch in flight: a part of it, which its delivery queue hands over
+        alone after the batch was rejected as bad data (otel_rl._isolate); what the batch's attempts wrote
+        is not written again.  (The batch in flight keeps its records referenced: their ids are theirs.)"""
+        ids = self._inflight_ids
+        if ids is None:
+            ids = self._inflight_ids = {id(r) for r in self._inflight}
+        return all(id(r) in ids for r in records)
 
     def _open_tracked(self, ident: RunIdentity, start: RunStart | None) -> Any:
         try:

@@ -50,7 +50,8 @@ from opentelemetry import trace as trace_api
 from opentelemetry.trace import NonRecordingSpan
 
 from .. import semconv as sc
-from .._handle import Handle, current, init
+from .._handle import Handle
+from .._init import current, init
 from .._runtime import STEP
 from ..instrument import _StepState
 

@@ -4,7 +4,8 @@ A spool directory names its exporter and the (secret-scrubbed) config it ran wit
 ``meta.json``.  Replay rebuilds that exporter (by its registered name, else by its class,
 ``module:qualname``, called with the config), and runs one `DeliveryQueue` over the spool: the
 same code that delivers a recovered spool at the start of a trainer, with the same retries,
-poison-batch handling and ack after every delivered batch.  So a replay that is interrupted
+handling of batches the exporter rejects as bad data (delivered in parts; only the items still rejected
+alone are dropped, each logged) and ack after every delivered batch.  So a replay that is interrupted
 (or run twice) never delivers a batch twice, and a fully delivered spool directory is removed.
 
 The tracker's own settings come from the environment of the replay, as for training
@@ -39,6 +40,7 @@ class ReplayResult:
     pending_frames: int = 0
     delivered: int = 0
     dropped: int = 0
+    rejected: int = 0  # records (items) the exporter refused as bad data, each alone (logged)
     corrupt: int = 0
     left: int = 0
     seconds: float = 0.0
@@ -58,6 +60,7 @@ class ReplayResult:
         rate = f" ({self.delivered / self.seconds:.0f} items/s)" if self.seconds > 0 and self.delivered else ""
         return (
             f"{head}: delivered {self.delivered} of {self.pending_items} items{rate}; {self.dropped} dropped; "
+            f"{f'{self.rejected} rejected as bad data; ' if self.rejected else ''}"
             f"{self.corrupt} corrupt regions skipped; {self.left} left" + (f" ({self.message})" if self.message else "")
         )
 
@@ -231,6 +234,7 @@ def replay_one(
         res.message = res.message or note
     res.delivered = st.replayed
     res.dropped = st.dropped
+    res.rejected = st.rejected
     res.corrupt = st.corrupt_frames
     res.left = st.spool_pending
     res.status = "delivered" if done and not res.left else "partial"

@@ -30,22 +30,14 @@ from __future__ import annotations
 import json
 import logging
 import os
-import struct
 import time
 import weakref
-import zlib
-from array import array
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
-from .codec import CodecError, batch_items
 from .files import (
-    ACK,
-    ACK_MAGIC,
     ACK_SLOT_BYTES,
     FRAME_HEADER_BYTES,
-    FRAME_MAGIC,
     META_FORMAT,
     SEG_HEADER,
     SEGMENT_HEADER_BYTES,
@@ -56,75 +48,19 @@ from .files import (
     fsync_dir,
     write_all,
 )
+from .options import DROP_POLICIES, FSYNC_POLICIES, Frame, SpoolBusy, SpoolOptions
+from .segment import Segment, ack_slot, read_ack, scan_segment
+
+__all__ = ["DROP_POLICIES", "FSYNC_POLICIES", "Frame", "Spool", "SpoolBusy", "SpoolOptions"]
 
 _log = logging.getLogger("otel_rl")
 
-
-FSYNC_POLICIES = ("always", "batch", "never")
-DROP_POLICIES = ("drop_oldest", "drop_newest")
 BATCH_FSYNC_INTERVAL_S = 1.0
 
 try:
     import fcntl
 except ImportError:  # pragma: no cover - not POSIX: no cross-process lock
     fcntl = None  # type: ignore[assignment]
-
-
-class SpoolBusy(RuntimeError):
-    """The spool directory is locked by another live process."""
-
-
-@dataclass
-class SpoolOptions:
-    """Where and how one exporter queue spools.  `otel_rl.spool.options_for` builds it from a Config."""
-
-    path: str
-    max_bytes: int = 1 << 30
-    drop_policy: str = "drop_oldest"
-    fsync: str = "batch"
-    segment_bytes: int = 0  # 0: max(64 KiB, min(16 MiB, max_bytes // 8))
-    write_through: bool = False  # every put() is written to the spool before it returns
-    exact: bool = False  # use `path` even when locked (raise SpoolBusy); else fall back to a sibling
-    remove_parent_if_empty: bool = False  # remove the parent directory too when the spool is cleaned up
-    meta: dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if self.fsync not in FSYNC_POLICIES:
-            raise ValueError(f"spool fsync policy must be one of {FSYNC_POLICIES}, got {self.fsync!r}")
-        if self.drop_policy not in DROP_POLICIES:
-            raise ValueError(f"spool drop policy must be one of {DROP_POLICIES}, got {self.drop_policy!r}")
-        if self.max_bytes <= 0:
-            raise ValueError("spool max_bytes must be > 0")
-        if not self.segment_bytes:
-            self.segment_bytes = max(64 << 10, min(16 << 20, self.max_bytes // 8))
-
-
-@dataclass
-class Frame:
-    """One frame handed to the delivery thread."""
-
-    seq: int
-    index: int
-    offset: int
-    end: int
-    n_items: int
-    payload: bytes
-
-
-class _Segment:
-    __slots__ = ("seq", "path", "size", "offs", "lens", "items", "next")
-
-    def __init__(self, seq: int, path: str, size: int):
-        self.seq = seq
-        self.path = path
-        self.size = size
-        self.offs = array("Q")  # frame start offsets
-        self.lens = array("Q")  # frame lengths (header included)
-        self.items = array("Q")  # items per frame
-        self.next = 0  # index of the next undelivered frame
-
-    def pending_items(self) -> int:
-        return sum(self.items[self.next :])
 
 
 _open_spools: weakref.WeakSet[Spool] = weakref.WeakSet()
@@ -152,8 +88,8 @@ class Spool:
         self._rseq = -1
         self._ack_fd = -1
         self._ack_counter = 0
-        self._segs: list[_Segment] = []
-        self._writer: _Segment | None = None
+        self._segs: list[Segment] = []
+        self._writer: Segment | None = None
         self._next_seq = 1
         self._inflight: tuple[int, int] | None = None  # (seq, index) of the frame being delivered
         self._detached: tuple[int, int, int] | None = None  # in-flight frame whose segment the cap dropped
@@ -234,27 +170,13 @@ class Spool:
             json.dump(meta, f, indent=1, default=str)
         os.replace(tmp, os.path.join(self.path, "meta.json"))
 
-    def _read_ack(self) -> tuple[int, int] | None:
-        path = os.path.join(self.path, "ack")
-        self._ack_fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        data = os.pread(self._ack_fd, 2 * ACK_SLOT_BYTES, 0)
-        best = None
-        for slot in (0, 1):
-            chunk = data[slot * ACK_SLOT_BYTES : slot * ACK_SLOT_BYTES + ACK.size]
-            if len(chunk) < ACK.size:
-                continue
-            magic, counter, seq, off, crc = ACK.unpack(chunk)
-            if magic != ACK_MAGIC or zlib.crc32(chunk[:-4]) != crc:
-                continue
-            if best is None or counter > best[0]:
-                best = (counter, seq, off)
-        if best is None:
-            return None
-        self._ack_counter = best[0]
-        return best[1], best[2]
-
     def _recover(self) -> None:
-        ack = self._read_ack()
+        self._ack_fd = os.open(os.path.join(self.path, "ack"), os.O_RDWR | os.O_CREAT, 0o644)
+        best = read_ack(self._ack_fd)
+        ack = None
+        if best is not None:
+            self._ack_counter = best[0]
+            ack = best[1], best[2]
         names = sorted(n for n in os.listdir(self.path) if n.endswith(".seg") and n[:-4].isdigit())
         for name in names:
             seq = int(name[:-4])
@@ -263,7 +185,7 @@ class Spool:
             if ack is not None and seq < ack[0]:
                 os.unlink(path)  # delivered before the restart
                 continue
-            seg = self._scan(seq, path)
+            seg = scan_segment(seq, path, self._corrupt)
             if seg is None:
                 continue
             if ack is not None and seq == ack[0]:
@@ -279,48 +201,6 @@ class Spool:
             self.pending_frames += len(seg.offs) - seg.next
             self.pending_items += seg.pending_items()
         self.recovered_items = self.pending_items
-
-    def _scan(self, seq: int, path: str) -> _Segment | None:
-        with open(path, "rb") as f:
-            data = f.read()
-        size = len(data)
-        if size < SEGMENT_HEADER_BYTES or SEG_HEADER.unpack_from(data, 0) != (SEGMENT_MAGIC, SEGMENT_VERSION):
-            self._corrupt(path, 0, size, "no valid segment header")
-            os.unlink(path)
-            return None
-        seg = _Segment(seq, path, size)
-        pos = SEGMENT_HEADER_BYTES
-        view = memoryview(data)
-        while pos < size:
-            n = frame_at(view, pos, size)
-            if n >= 0:
-                start = pos + FRAME_HEADER_BYTES
-                try:
-                    items = batch_items(bytes(view[start : start + min(n, 16)]))
-                except CodecError as exc:
-                    self._corrupt(path, pos, FRAME_HEADER_BYTES + n, f"unreadable batch ({exc})")
-                    pos = start + n
-                    continue
-                seg.offs.append(pos)
-                seg.lens.append(FRAME_HEADER_BYTES + n)
-                seg.items.append(items)
-                pos = start + n
-                continue
-            # a corrupt region: skip to the next frame that validates, or to the end (torn tail)
-            nxt = data.find(FRAME_MAGIC, pos + 1)
-            while nxt != -1 and frame_at(view, nxt, size) < 0:
-                nxt = data.find(FRAME_MAGIC, nxt + 1)
-            end = size if nxt == -1 else nxt
-            self._corrupt(path, pos, end - pos, "truncated tail" if nxt == -1 else "bad frame (checksum or header)")
-            if nxt == -1:
-                view.release()
-                with open(path, "r+b") as f:  # cut the torn tail; nothing is ever appended to it again
-                    f.truncate(pos)
-                seg.size = pos
-                return seg
-            pos = nxt
-        view.release()
-        return seg
 
     def _corrupt(self, path: str, offset: int, nbytes: int, what: str) -> None:
         self.corrupt_frames += 1
@@ -416,7 +296,7 @@ class Spool:
             os.close(fd)
             os.unlink(path)
             raise
-        seg = _Segment(seq, path, SEGMENT_HEADER_BYTES)
+        seg = Segment(seq, path, SEGMENT_HEADER_BYTES)
         self._segs.append(seg)
         self.bytes += SEGMENT_HEADER_BYTES
         self._writer = seg
@@ -448,7 +328,7 @@ class Spool:
         self._write_ack()
         return lost_items
 
-    def _delete(self, seg: _Segment) -> None:
+    def _delete(self, seg: Segment) -> None:
         if self._rseq == seg.seq:
             os.close(self._rfd)
             self._rfd, self._rseq = -1, -1
@@ -521,7 +401,7 @@ class Spool:
                 return
         # its segment was dropped by the size cap meanwhile: nothing to move
 
-    def _consume(self, seg: _Segment, i: int) -> None:
+    def _consume(self, seg: Segment, i: int) -> None:
         seg.next = i + 1
         self.pending_frames -= 1
         self.pending_items -= seg.items[i]
@@ -540,9 +420,7 @@ class Spool:
         else:
             seq, off = self._next_seq, 0
         self._ack_counter += 1
-        body = struct.pack("<4sQQQ", ACK_MAGIC, self._ack_counter, seq, off)
-        slot = body + struct.pack("<I", zlib.crc32(body)) + b"\0" * (ACK_SLOT_BYTES - ACK.size)
-        os.pwrite(self._ack_fd, slot, (self._ack_counter % 2) * ACK_SLOT_BYTES)
+        os.pwrite(self._ack_fd, ack_slot(self._ack_counter, seq, off), (self._ack_counter % 2) * ACK_SLOT_BYTES)
         self._dirty_ack = True
         if self.options.fsync == "always":
             os.fsync(self._ack_fd)

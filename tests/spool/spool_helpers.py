@@ -18,6 +18,7 @@ import otel_rl
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 from _mlflow_server import VENV_BIN, MlflowServer, free_port  # noqa: E402,F401  (tests/ is on sys.path)
+
 OTEL_RL = VENV_BIN / "otel-rl"
 
 
@@ -36,14 +37,71 @@ class AppendLogExporter(otel_rl.Exporter):
     def export_records(self, records: Any) -> None:
         if os.path.exists(self.path + ".down"):
             raise ConnectionError("sink down")
-        lines = "".join(json.dumps({"pid": os.getpid(), "kind": type(r).__name__, "run_id": r.run.run_id,
-                                    "step": getattr(r, "step", None), "trace_id": getattr(r, "trace_id", None)})
-                        + "\n" for r in records)
+        lines = "".join(
+            json.dumps(
+                {
+                    "pid": os.getpid(),
+                    "kind": type(r).__name__,
+                    "run_id": r.run.run_id,
+                    "step": getattr(r, "step", None),
+                    "trace_id": getattr(r, "trace_id", None),
+                }
+            )
+            + "\n"
+            for r in records
+        )
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             os.write(fd, lines.encode())
         finally:
             os.close(fd)
+
+
+#: the span `RejectingAppendLog` refuses
+BAD_SPAN = "bad-span"
+
+
+class RejectingAppendLog(AppendLogExporter):
+    """`AppendLogExporter` whose sink refuses one record: a call holding the record at step
+    ``$SPOOL_TEST_BAD_STEP`` (or the span named `BAD_SPAN`) fails with a ValueError, a data error, every
+    time; it does not find the bad record itself, as a tracker exporter would: its queue has to.  Spans are
+    appended as ``{"span": name}`` lines.  With ``$SPOOL_TEST_CRASH_MID_SPLIT`` set, the process exits
+    (``os._exit(9)``, as a SIGKILL would end it) right after the first call that went through after a
+    refused one: in the middle of a batch delivered in parts."""
+
+    gathers = True
+    wants_spans = True
+
+    def __init__(self, config: Any = None):
+        super().__init__(config)
+        self.name = "rejecting"
+        self.bad_step = int(os.environ.get("SPOOL_TEST_BAD_STEP", "-1"))
+        self.refused = 0
+
+    def _check(self, bad: bool, what: str) -> None:
+        if os.path.exists(self.path + ".down"):
+            raise ConnectionError("sink down")
+        if bad:
+            self.refused += 1
+            raise ValueError(f"the sink cannot store {what}")
+
+    def _went_through(self) -> None:
+        if self.refused and os.environ.get("SPOOL_TEST_CRASH_MID_SPLIT"):
+            os._exit(9)
+
+    def export_records(self, records: Any) -> None:
+        self._check(any(getattr(r, "step", None) == self.bad_step for r in records), f"step {self.bad_step}")
+        super().export_records(records)
+        self._went_through()
+
+    def export_spans(self, spans: Any) -> None:
+        self._check(any(s.name == BAD_SPAN for s in spans), f"span {BAD_SPAN}")
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, "".join(json.dumps({"span": s.name}) + "\n" for s in spans).encode())
+        finally:
+            os.close(fd)
+        self._went_through()
 
 
 def read_sink(path: Path) -> list[dict]:
@@ -80,14 +138,29 @@ def wait_for(cond, timeout_s: float = 30.0) -> bool:
 
 
 def clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("OTEL_", "MLFLOW_", "WANDB_", "SWANLAB_", "VERL_"))
-           and k.lower() not in ("http_proxy", "https_proxy", "all_proxy")}
-    env.update({"MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true", "PYTHONUNBUFFERED": "1",
-                "NO_PROXY": "127.0.0.1,localhost",
-                # this tree's core and its own plug-ins (not the installed ones, which may be another checkout's)
-                "PYTHONPATH": os.pathsep.join((str(HERE), str(HERE.parent), str(ROOT),
-                                               *(str(p) for p in sorted((ROOT / "exporters").iterdir()) if p.is_dir())))})
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("OTEL_", "MLFLOW_", "WANDB_", "SWANLAB_", "VERL_"))
+        and k.lower() not in ("http_proxy", "https_proxy", "all_proxy")
+    }
+    env.update(
+        {
+            "MLFLOW_DISABLE_TELEMETRY": "true",
+            "DO_NOT_TRACK": "true",
+            "PYTHONUNBUFFERED": "1",
+            "NO_PROXY": "127.0.0.1,localhost",
+            # this tree's core and its own plug-ins (not the installed ones, which may be another checkout's)
+            "PYTHONPATH": os.pathsep.join(
+                (
+                    str(HERE),
+                    str(HERE.parent),
+                    str(ROOT),
+                    *(str(p) for p in sorted((ROOT / "exporters").iterdir()) if p.is_dir()),
+                )
+            ),
+        }
+    )
     env.update(extra)
     return env
 
@@ -98,8 +171,9 @@ class LineProcess:
     def __init__(self, cmd: list[str], env: dict[str, str], cwd: Path, name: str):
         self.log_path = cwd / f"{name}.stderr"
         self._err = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=self._err,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=self._err, start_new_session=True
+        )
         self.events: list[dict] = []
         self.lines: list[str] = []
         self._cond = threading.Condition()
@@ -130,8 +204,9 @@ class LineProcess:
                         return e
                 left = deadline - time.monotonic()
                 if left <= 0 or (self.proc.poll() is not None and not self._reader.is_alive()):
-                    raise AssertionError(f"event not seen; stderr:\n{self.stderr()[-4000:]}\nstdout:\n"
-                                         + "\n".join(self.lines[-30:]))
+                    raise AssertionError(
+                        f"event not seen; stderr:\n{self.stderr()[-4000:]}\nstdout:\n" + "\n".join(self.lines[-30:])
+                    )
                 self._cond.wait(min(left, 0.5))
 
     def stderr(self) -> str:
@@ -155,8 +230,9 @@ class LineProcess:
 
 
 def run_replay(args: list[str], env: dict[str, str], cwd: Path, timeout_s: float = 300.0) -> tuple[int, str]:
-    proc = subprocess.run([str(OTEL_RL), "replay", *args], env=env, cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout_s)
+    proc = subprocess.run(
+        [str(OTEL_RL), "replay", *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout_s
+    )
     return proc.returncode, proc.stdout + proc.stderr
 
 
@@ -177,6 +253,6 @@ def scan_spool_files(path: Path) -> list[Any]:
             n = frame_at(data, pos, len(data))
             if n < 0:
                 break
-            out.extend(decode_batch(data[pos + FRAME_HEADER_BYTES:pos + FRAME_HEADER_BYTES + n])[1])
+            out.extend(decode_batch(data[pos + FRAME_HEADER_BYTES : pos + FRAME_HEADER_BYTES + n])[1])
             pos += FRAME_HEADER_BYTES + n
     return out

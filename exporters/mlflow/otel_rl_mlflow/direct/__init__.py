@@ -2,8 +2,10 @@
 when the tracking store is a local sqlite file.
 
 - `store`: a new store's tables made at once (from a template of MLflow's own build);
-- `traces`: trace rows in one transaction per delivery (`BulkTraceWriter`);
-- `metrics`: metric rows in one transaction per delivery (`BulkMetricWriter`).
+- `traces`: trace rows in one transaction per delivery (`BulkTraceWriter`), computed by `rows` with MLflow's
+  span translation as `translation` runs it;
+- `metrics`: metric rows in one transaction per delivery (`BulkMetricWriter`);
+- `sqlite`: the writers' own connection to the store file.
 
 Each writes exactly the rows MLflow's own calls would (tests/trackers/test_mlflow_bulk*.py compare every
 table) and falls back to MLflow's client for any store that is not a local sqlite file.

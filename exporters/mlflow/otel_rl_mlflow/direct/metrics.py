@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import switched_on
-from .traces import SqliteWriter, _mlflow_version, sqlite_store_path
+from .sqlite import SqliteWriter, mlflow_version, sqlite_store_path
 
 _log = logging.getLogger("otel_rl")
 
@@ -252,7 +252,7 @@ class BulkMetricWriter(SqliteWriter):
             "otel-rl: MLflow store %s: the direct metric writer does not write what MLflow %s writes (%s); "
             "MLflow writes the metrics (slower)",
             self.path,
-            _mlflow_version(),
+            mlflow_version(),
             diff,
         )
 
