@@ -51,6 +51,20 @@ if [ "${1:-}" = "--test" ]; then
     "$PHX/bin/python" -m pip install -q -r scripts/phoenix-requirements.txt
     echo "$PHX_WANT" > "$PHX/.requirements-sha256"
   fi
+  # older MLflow tracking servers (2.x: no trace API of an MLflow 3 client; 3.0-3.3: no span ingestion) for the
+  # doctor's server-version test: mlflow-skinny and the server's own needs, one venv each (~165 MB, ~20-30 s), made
+  # again only when scripts/mlflow-<version>-requirements.txt changes
+  for req in scripts/mlflow-*-requirements.txt; do
+    OLD=.cache/$(basename "$req" -requirements.txt)-venv
+    OLD_WANT=$(sha256sum "$req" | cut -d' ' -f1)
+    if [ "$(cat "$OLD/.requirements-sha256" 2>/dev/null)" != "$OLD_WANT" ]; then
+      rm -rf "$OLD"
+      "$PY" -m venv "$OLD"
+      "$OLD/bin/python" -m pip install -q --upgrade pip
+      "$OLD/bin/python" -m pip install -q -r "$req"
+      echo "$OLD_WANT" > "$OLD/.requirements-sha256"
+    fi
+  done
 else
   "${PIP[@]}" -e ".[all]" "${EXPORTERS[@]}"
 fi

@@ -1,5 +1,6 @@
 """A real `mlflow server` for tests (sqlite backend, served artifacts), SIGKILL-able and restartable
-on the same port. Shared by the tracker, spool and bridge tests."""
+on the same port. Shared by the tracker, spool, bridge and doctor tests; `bin_dir` runs another venv's MLflow
+(an older server, built by `scripts/bootstrap.sh --test` under `.cache/`)."""
 
 from __future__ import annotations
 
@@ -23,19 +24,36 @@ def free_port() -> int:
 
 def server_env() -> dict[str, str]:
     """The environment without tracker/OTel settings or proxies from outside."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("OTEL_", "MLFLOW_", "WANDB_", "SWANLAB_", "VERL_"))
-           and k.lower() not in ("http_proxy", "https_proxy", "all_proxy")}
-    env.update({"MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true", "NO_PROXY": "127.0.0.1,localhost",
-                # no job runner (GenAI evaluation jobs, which these tests do not use): its task queues would be
-                # left in a new directory under /dev/shm by every server the tests kill
-                "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("OTEL_", "MLFLOW_", "WANDB_", "SWANLAB_", "VERL_"))
+        and k.lower() not in ("http_proxy", "https_proxy", "all_proxy")
+    }
+    env.update(
+        {
+            "MLFLOW_DISABLE_TELEMETRY": "true",
+            "DO_NOT_TRACK": "true",
+            "NO_PROXY": "127.0.0.1,localhost",
+            # no job runner (GenAI evaluation jobs, which these tests do not use): its task queues would be
+            # left in a new directory under /dev/shm by every server the tests kill
+            "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
+        }
+    )
     return env
 
 
 class MlflowServer:
-    def __init__(self, root: Path, workers: int = 1, backend: str | None = None, env: dict[str, str] | None = None):
+    def __init__(
+        self,
+        root: Path,
+        workers: int = 1,
+        backend: str | None = None,
+        env: dict[str, str] | None = None,
+        bin_dir: Path = VENV_BIN,
+    ):
         self.root = root
+        self.bin_dir = bin_dir
         self.workers = workers
         self.backend = backend or f"sqlite:///{root}/server.db"
         self.env = {**server_env(), **(env or {})}
@@ -45,11 +63,28 @@ class MlflowServer:
         self.log = root / "server.log"
 
     def start(self, timeout_s: float = 180.0) -> None:
-        cmd = [str(VENV_BIN / "mlflow"), "server", "--backend-store-uri", self.backend,
-               "--artifacts-destination", str(self.root / "artifacts"), "--host", "127.0.0.1",
-               "--port", str(self.port), "--workers", str(self.workers)]
-        self.proc = subprocess.Popen(cmd, cwd=self.root, env=self.env, stdout=open(self.log, "ab"),
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+        cmd = [
+            str(self.bin_dir / "mlflow"),
+            "server",
+            "--backend-store-uri",
+            self.backend,
+            "--artifacts-destination",
+            str(self.root / "artifacts"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--workers",
+            str(self.workers),
+        ]
+        self.proc = subprocess.Popen(
+            cmd,
+            cwd=self.root,
+            env=self.env,
+            stdout=open(self.log, "ab"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -207,8 +207,47 @@ def test_wrong_and_right_token_against_a_real_bridge(tmp_path):
         bridge.kill()
 
 
+def _trace_endpoints(url: str) -> dict[str, int]:
+    """What the server answers on the two trace paths an MLflow 3 client (the one installed) writes to:
+    `StartTraceV3` (each trace's info) and OTLP span ingestion (`log_spans`: many traces in one request),
+    the first with an empty request, the second with one span for the Default experiment. 404 is "no such
+    endpoint"; an endpoint that exists takes the request or rejects it."""
+    import urllib.error
+    import urllib.request
+
+    from mlflow.tracing.utils.otlp import MLFLOW_EXPERIMENT_ID_HEADER, OTLP_TRACES_PATH
+    from mlflow.utils.rest_utils import _V3_TRACE_REST_API_PATH_PREFIX
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    spans = ExportTraceServiceRequest()
+    now = time.time_ns()
+    spans.resource_spans.add().scope_spans.add().spans.add(
+        trace_id=os.urandom(16), span_id=os.urandom(8), name="probe", start_time_unix_nano=now, end_time_unix_nano=now
+    )
+
+    asks = {
+        "start trace": (_V3_TRACE_REST_API_PATH_PREFIX, b"{}", {"Content-Type": "application/json"}),
+        "spans": (
+            OTLP_TRACES_PATH,
+            spans.SerializeToString(),
+            {"Content-Type": "application/x-protobuf", MLFLOW_EXPERIMENT_ID_HEADER: "0"},
+        ),
+    }
+    out = {}
+    for what, (path, body, headers) in asks.items():
+        req = urllib.request.Request(url + path, data=body, headers=headers, method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                out[what] = r.status
+        except urllib.error.HTTPError as exc:
+            out[what] = exc.code
+    return out
+
+
 @pytest.mark.slow
 def test_real_mlflow_server_version_and_api(tmp_path):
+    import mlflow
+
     sys.path.insert(0, str(REPO / "tests"))
     from _mlflow_server import MlflowServer
 
@@ -216,11 +255,14 @@ def test_real_mlflow_server_version_and_api(tmp_path):
     srv.start()
     try:
         res = checks(["trainer.logger=[mlflow]"], clean_env(MLFLOW_TRACKING_URI=srv.url), tmp_path)
+        endpoints = _trace_endpoints(srv.url)
     finally:
         srv.kill()
     for name in ("library", "endpoint", "server version", "API"):
         assert find(res, "mlflow", name).status == "ok", res
-    assert find(res, "mlflow", "server version").detail.startswith("server MLflow 3.")
+    assert find(res, "mlflow", "server version").detail.startswith(f"server MLflow {mlflow.__version__}")
+    # the verdict is right: the server takes both the trace infos and the spans in batches
+    assert endpoints["start trace"] != 404 and endpoints["spans"] == 200, endpoints
 
 
 @pytest.mark.slow
@@ -315,33 +357,41 @@ class _Server:
         self.srv.server_close()
 
 
-@pytest.mark.parametrize(
-    ("version", "status", "words"),
-    [
-        ("2.22.1", "fail", "no trace API for this client"),
-        ("3.2.0", "warn", "no span ingestion before 3.4"),
-        ("3.17.2", "ok", "server MLflow 3.17.2"),
-    ],
-)
-def test_mlflow_server_version_known_incompatible(tmp_path, version, status, words):
-    # what an MLflow server answers on these paths (/version is plain text); an older server than the client's
-    # trace APIs cannot be had from the package index here, so its answers are served
-    srv = _Server(
-        {
-            "/health": (200, b"OK"),
-            "/version": (200, version.encode()),
-            "/api/2.0/mlflow/experiments/search": (200, b'{"experiments": []}'),
-        }
+#: older MLflow servers, each in its own venv that `scripts/bootstrap.sh --test` builds from
+#: scripts/mlflow-<version>-requirements.txt; what the doctor says of each, and what the server answers on the
+#: client's trace paths (`_trace_endpoints`): 2.x has neither (an MLflow 3 client falls back to the 2.0 trace
+#: API, which stores each trace under an id the server makes, not the client's: a trace sent again is stored
+#: twice); 3.0-3.3 take each trace's info but no spans in batches (one trace at a time)
+OLD_SERVERS = [
+    ("2.22.1", "fail", "no trace API for this client", {"start trace": 404, "spans": 404}),
+    ("3.2.0", "warn", "no span ingestion before 3.4", {"spans": 404}),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("version", "status", "words", "answers"), OLD_SERVERS)
+def test_old_mlflow_server_is_told(tmp_path, version, status, words, answers):
+    sys.path.insert(0, str(REPO / "tests"))
+    from _mlflow_server import MlflowServer
+
+    bin_dir = REPO / ".cache" / f"mlflow-{version}-venv" / "bin"
+    assert (bin_dir / "mlflow").exists(), (
+        f"no MLflow {version} server at {bin_dir}: run `bash scripts/bootstrap.sh --test` "
+        f"(it builds it from scripts/mlflow-{version}-requirements.txt)"
     )
+    srv = MlflowServer(tmp_path, bin_dir=bin_dir)
+    srv.start()
     try:
-        res = checks(
-            ["trainer.logger=[mlflow]"], clean_env(MLFLOW_TRACKING_URI=f"http://127.0.0.1:{srv.port}"), tmp_path
-        )
+        res = checks(["trainer.logger=[mlflow]"], clean_env(MLFLOW_TRACKING_URI=srv.url), tmp_path)
+        endpoints = _trace_endpoints(srv.url)
     finally:
-        srv.close()
+        srv.kill()
     c = find(res, "mlflow", "server version")
-    assert c.status == status and words in c.detail, c
-    assert find(res, "mlflow", "API").status == "ok"
+    assert c.status == status and words in c.detail and f"MLflow {version}" in c.detail, c
+    assert find(res, "mlflow", "API").status == "ok", res
+    # the verdict is the server's: the paths it lacks answer 404, the others exist
+    for what, code in endpoints.items():
+        assert (code == 404) == (answers.get(what) == 404), (version, endpoints)
 
 
 def test_untrusted_tls_certificate_is_named(tmp_path):
