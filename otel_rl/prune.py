@@ -21,7 +21,6 @@ import os
 import re
 import sys
 import time
-import zlib
 from collections.abc import Iterable
 from typing import Any
 
@@ -256,21 +255,19 @@ def mlflow_runs(client: Any, experiment: str | None, run_id: str | None) -> list
 
 
 def _ack(path: str) -> tuple[int, int] | None:
-    from .spool.files import ACK, ACK_MAGIC, ACK_SLOT_BYTES
+    """(segment, offset) the spool at `path` has acknowledged; None when its ack file has no valid slot."""
+    from .spool.segment import read_ack
 
     try:
-        with open(os.path.join(path, "ack"), "rb") as f:
-            data = f.read(2 * ACK_SLOT_BYTES)
+        fd = os.open(os.path.join(path, "ack"), os.O_RDONLY)
     except OSError:
         return None
-    best = None
-    for slot in (0, 1):
-        chunk = data[slot * ACK_SLOT_BYTES : slot * ACK_SLOT_BYTES + ACK.size]
-        if len(chunk) < ACK.size:
-            continue
-        magic, counter, seq, off, crc = ACK.unpack(chunk)
-        if magic == ACK_MAGIC and zlib.crc32(chunk[:-4]) == crc and (best is None or counter > best[0]):
-            best = (counter, seq, off)
+    try:
+        best = read_ack(fd)
+    except OSError:
+        best = None
+    finally:
+        os.close(fd)
     return None if best is None else (best[1], best[2])
 
 
