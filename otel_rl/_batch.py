@@ -59,6 +59,7 @@ class Entry:
         "seq",
         "prepared",
         "nbytes",
+        "frames",
     )
 
     def __init__(self, spans: list, records: list, n: int, frame: Any = None, seq: int = 0, nbytes: int = 0):
@@ -68,6 +69,8 @@ class Entry:
         self.nbytes = nbytes  # what it takes in memory, estimated (the queue's byte budget counts it)
         self.seq = seq  # the export process's batch number it came in (0: none); see oldest_unsafe_seq
         self.frame = frame  # otel_rl.spool.store.Frame once written to the spool
+        #: the spool frames read back together into this delivery, oldest first (`frame` is the last)
+        self.frames: tuple = ()
         self.spans_done = False  # a retry after a records failure does not resend the spans
         self.unspoolable = False  # could not be written (codec error / cap): delivered from memory only
         self.t = time.monotonic()  # when it was queued (export_interval_s counts from the oldest)

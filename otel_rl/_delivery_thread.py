@@ -20,7 +20,6 @@ from ._values import warn_once
 from .exporters.base import DATA_ERRORS, is_data_error
 
 _log = logging.getLogger("otel_rl")
-_log = logging.getLogger("otel_rl")
 #: an idle queue with unsynced spool writes fsyncs them this often
 SYNC_INTERVAL_S = 1.0
 _GATHER_MAX_ITEMS = 20_000  # a gathered delivery holds at most this many items (spans + records)
@@ -169,6 +168,7 @@ class DeliveryThread:
                 with self._cond:
                     if self._current is not None:
                         return self._current
+                frames: list = []
                 if disk is not None and disk.pending:
                     frame = disk.spool.peek()
                     if frame is not None:
@@ -178,6 +178,7 @@ class DeliveryThread:
                                 self._current = entry
                                 self._refresh()
                             return entry
+                        frames = self._frames_after(frame)
                     else:
                         with self._cond:
                             self._refresh()
@@ -198,16 +199,14 @@ class DeliveryThread:
                     self._cond.wait(gather_wait)
                 continue
             if frame is not None and disk is not None:
-                batch = disk.read(frame)
-                if batch is None:  # cannot be decoded: skipped (counted)
+                entry = self._read_frames(disk, frames)
+                if entry is None:  # none can be decoded: skipped (counted)
                     with self._io:
-                        disk.spool.advance(frame)
+                        for f in frames:
+                            disk.spool.advance(f)
                         with self._cond:
-                            self._undecodable += 1
-                            self._dropped += frame.n_items
                             self._refresh()
                     continue
-                entry = Entry(batch[0], batch[1], frame.n_items, frame, nbytes=len(frame.payload) * SPOOLED_FACTOR)
                 with self._cond:
                     self._current = entry
                 return entry
@@ -230,6 +229,52 @@ class DeliveryThread:
                 with self._io:
                     if disk.dirty:
                         disk.sync()
+
+    def _frames_after(self, first: Any) -> list:
+        """The spool's oldest frame `first` and, when this queue gathers, the frames after it that its
+        delivery takes too (up to _GATHER_MAX_ITEMS items and the gathered bytes' bound, as from memory):
+        a backlog written batch by batch while the exporter was down goes out in as few calls as the
+        same batches from memory.  Under _io."""
+        frames = [first]
+        disk = self._disk
+        if self._gather_s <= 0 or disk is None or disk.has_cached:
+            return frames
+        n = first.n_items
+        room_b = (self._gather_max_bytes or (1 << 62)) // SPOOLED_FACTOR - len(first.payload)
+        while n < _GATHER_MAX_ITEMS and room_b > 0:
+            nxt = disk.spool.peek_next(frames[-1], _GATHER_MAX_ITEMS - n, room_b)
+            if nxt is None:
+                break
+            frames.append(nxt)
+            n += nxt.n_items
+            room_b -= len(nxt.payload)
+        return frames
+
+    def _read_frames(self, disk: Spiller, frames: list) -> Entry | None:
+        """One delivery of the spool `frames` (oldest first), decoded; one that cannot be is skipped
+        (counted, logged, acknowledged with the others).  None when none can be."""
+        spans: list = []
+        records: list = []
+        n = nbytes = 0
+        for f in frames:
+            batch = disk.read(f)
+            if batch is None:
+                with self._cond:
+                    self._undecodable += 1
+                    self._dropped += f.n_items
+                continue
+            if len(frames) == 1:
+                spans, records = batch
+            else:
+                spans.extend(batch[0])
+                records.extend(batch[1])
+            n += f.n_items
+            nbytes += len(f.payload) * SPOOLED_FACTOR
+        if not n:
+            return None
+        entry = Entry(spans, records, n, frames[-1], nbytes=nbytes)
+        entry.frames = tuple(frames)
+        return entry
 
     def _prepare_gathered(self) -> bool:
         """The exporter's `prepare` for the memory batches that have not had it (while they gather);
@@ -296,7 +341,8 @@ class DeliveryThread:
         with self._io:
             sp = self._spool
             if e.frame is not None and sp is not None:
-                sp.advance(e.frame)
+                for f in e.frames or (e.frame,):
+                    sp.advance(f)
             with self._cond:
                 self._current = None
                 if self._max_bytes:

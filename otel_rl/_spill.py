@@ -123,6 +123,11 @@ class Spiller:
             self._log_cap_drop()
         return written, dropped, back
 
+    @property
+    def has_cached(self) -> bool:
+        """Batches written through are still in memory (delivered from there, frame by frame)."""
+        return bool(self._cache)
+
     def take_cached(self, frame: Any) -> Any:
         """The batch of the spool's next `frame` if it is still in memory (write-through), else None."""
         if not self._cache:

@@ -214,7 +214,14 @@ def replay_one(
     if callable(leave):
         leave(True)  # until the end: a run is not reopened (set RUNNING) by the replay of its data
     t0 = time.monotonic()
-    q = DeliveryQueue(exporter, 1000, backoff_max_s=max(0.5, min(10.0, timeout_s / 4)), spool=sp)
+    # the run's settings: a queue that gathers reads the frames back together, as in the trainer
+    q = DeliveryQueue(
+        exporter,
+        1000,
+        backoff_max_s=max(0.5, min(10.0, timeout_s / 4)),
+        spool=sp,
+        config=_config(meta.get("config") or {}),
+    )
     done = q.wait_idle(timeout_s)
     q.request_stop()
     q.join(max(5.0, min(60.0, timeout_s)))

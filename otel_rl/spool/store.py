@@ -91,8 +91,11 @@ class Spool:
         self._segs: list[Segment] = []
         self._writer: Segment | None = None
         self._next_seq = 1
-        self._inflight: tuple[int, int] | None = None  # (seq, index) of the frame being delivered
-        self._detached: tuple[int, int, int] | None = None  # in-flight frame whose segment the cap dropped
+        #: (seq, index) of the frames being delivered: the oldest one (`peek`) and those gathered after
+        #: it (`peek_next`), delivered together
+        self._inflight: set[tuple[int, int]] = set()
+        #: in-flight frames whose segment the size cap dropped: their items, until `advance()`
+        self._detached: dict[tuple[int, int], int] = {}
         self._dirty_seg = False
         self._dirty_ack = False
         self._last_sync = time.monotonic()
@@ -268,7 +271,7 @@ class Spool:
         elif opts.fsync == "batch":
             self._maybe_sync()
         if inflight:
-            self._inflight = (w.seq, index)
+            self._inflight = {(w.seq, index)}
         return Frame(w.seq, index, off, off + len(data), n_items, b""), dropped
 
     def _count_drop(self, frames: int, items: int) -> None:
@@ -312,14 +315,14 @@ class Spool:
                 return 0  # it was fully delivered and deleted by the roll
         lost_frames = len(seg.offs) - seg.next
         lost_items = seg.pending_items()
-        if self._inflight is not None and self._inflight[0] == seg.seq and self._inflight[1] >= seg.next:
-            # the frame being delivered stays with the delivery thread (not lost); it stays counted
-            # as pending until `advance()` is called with it
-            i = self._inflight[1]
+        for key in sorted(k for k in self._inflight if k[0] == seg.seq and k[1] >= seg.next):
+            # the frames being delivered stay with the delivery thread (not lost); they stay counted
+            # as pending until `advance()` is called with them
+            i = key[1]
             lost_frames -= 1
             lost_items -= seg.items[i]
-            self._detached = (seg.seq, i, seg.items[i])
-            self._inflight = None
+            self._detached[key] = seg.items[i]
+            self._inflight.discard(key)
         self.pending_frames -= lost_frames
         self.pending_items -= lost_items
         self._count_drop(lost_frames, lost_items)
@@ -354,22 +357,58 @@ class Spool:
                 self._delete(seg)
                 continue
             i = seg.next
-            off = seg.offs[i]
-            end = off + seg.lens[i]
-            if self._rseq != seg.seq:
-                if self._rfd >= 0:
-                    os.close(self._rfd)
-                self._rfd = os.open(seg.path, os.O_RDONLY)
-                self._rseq = seg.seq
-            data = os.pread(self._rfd, end - off, off)
-            n = frame_at(data, 0, len(data))
-            if n < 0 or FRAME_HEADER_BYTES + n != len(data):
-                self._corrupt(seg.path, off, end - off, "frame changed on disk (checksum)")
+            frame = self._read(seg, i)
+            if frame is None:
                 self._consume(seg, i)
                 continue
-            self._inflight = (seg.seq, i)
-            return Frame(seg.seq, i, off, end, seg.items[i], data[FRAME_HEADER_BYTES:])
+            self._inflight = {(seg.seq, i)}
+            return frame
         return None
+
+    def peek_next(self, frame: Frame, max_items: int, max_bytes: int) -> Frame | None:
+        """The undelivered frame right after `frame` (one in flight), read and checked, to be delivered
+        with it: it is in flight too until `advance()` is called with it (after `frame`).  None when
+        there is none, when it holds more than `max_items` items or `max_bytes` bytes, or when it fails
+        its check (`peek` skips it, counted, once it is the oldest)."""
+        if (frame.seq, frame.index) not in self._inflight:
+            return None
+        segs = self._segs
+        k = next((j for j, s in enumerate(segs) if s.seq == frame.seq), -1)
+        if k < 0:
+            return None
+        seg = segs[k]
+        i = frame.index + 1
+        if i >= len(seg.offs):
+            if k + 1 >= len(segs):
+                return None
+            seg = segs[k + 1]
+            i = seg.next
+            if i >= len(seg.offs):
+                return None
+        if seg.items[i] > max_items or seg.lens[i] > max_bytes:
+            return None
+        nxt = self._read(seg, i, quiet=True)
+        if nxt is not None:
+            self._inflight.add((seg.seq, i))
+        return nxt
+
+    def _read(self, seg: Segment, i: int, quiet: bool = False) -> Frame | None:
+        """Frame `i` of `seg`, read and checked; None (counted and logged as corrupt unless `quiet`) when
+        it fails its check."""
+        off = seg.offs[i]
+        end = off + seg.lens[i]
+        if self._rseq != seg.seq:
+            if self._rfd >= 0:
+                os.close(self._rfd)
+            self._rfd = os.open(seg.path, os.O_RDONLY)
+            self._rseq = seg.seq
+        data = os.pread(self._rfd, end - off, off)
+        n = frame_at(data, 0, len(data))
+        if n < 0 or FRAME_HEADER_BYTES + n != len(data):
+            if not quiet:
+                self._corrupt(seg.path, off, end - off, "frame changed on disk (checksum)")
+            return None
+        return Frame(seg.seq, i, off, end, seg.items[i], data[FRAME_HEADER_BYTES:])
 
     def iter_pending(self) -> Iterator[Frame]:
         """Every undelivered frame, oldest first, read-only (the ack does not move; bad frames are skipped)."""
@@ -385,14 +424,14 @@ class Spool:
                         )
 
     def advance(self, frame: Frame) -> None:
-        """`frame` is delivered (or given up on): move the ack past it."""
-        if self._inflight == (frame.seq, frame.index):
-            self._inflight = None
-        d = self._detached
-        if d is not None and (d[0], d[1]) == (frame.seq, frame.index):
-            self._detached = None
+        """`frame` is delivered (or given up on): move the ack past it.  Frames delivered together are
+        advanced in order."""
+        key = (frame.seq, frame.index)
+        self._inflight.discard(key)
+        items = self._detached.pop(key, None)
+        if items is not None:
             self.pending_frames -= 1
-            self.pending_items -= d[2]
+            self.pending_items -= items
             return
         for seg in self._segs:
             if seg.seq == frame.seq:

@@ -57,6 +57,27 @@ class AppendLogExporter(otel_rl.Exporter):
             os.close(fd)
 
 
+class GatheringAppendLog(AppendLogExporter):
+    """`AppendLogExporter` whose queue gathers, as a tracker's: each line also names the call it came in
+    (``"call"``), so a test counts the deliveries."""
+
+    gathers = True
+
+    def __init__(self, config: Any = None):
+        super().__init__(config)
+        self.name = "gathering-appendlog"
+        self._calls = 0
+
+    def export_records(self, records: Any) -> None:
+        if os.path.exists(self.path + ".down"):
+            raise ConnectionError("sink down")
+        self._calls += 1
+        call = f"{os.getpid()}-{self._calls}"
+        lines = "".join(json.dumps({"call": call, "step": getattr(r, "step", None)}) + "\n" for r in records)
+        with open(self.path, "a") as f:
+            f.write(lines)
+
+
 #: the span `RejectingAppendLog` refuses
 BAD_SPAN = "bad-span"
 

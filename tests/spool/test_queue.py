@@ -336,3 +336,124 @@ def test_wait_idle_right_after_start_waits_for_what_an_earlier_run_left(tmp_path
     assert sw.steps() == list(range(50))
     q.stop(5)
     assert not (tmp_path / "q").exists()
+
+
+class GatheringSwitch(Switch):
+    gathers = True  # as the trackers: batches queued within export_interval_s go out as one delivery
+
+
+def _down_backlog(q: DeliveryQueue, n: int) -> None:
+    """`n` batches of one step each, put while the exporter is down: each is spilled as its own frame."""
+    ident = RunIdentity("p", "e", "r")
+    for s in range(n):
+        q.put([], [StepMetrics(ident, s, {"n": s}, s)])
+        if s == 0:
+            wait_for(lambda: q.stats.failed_attempts >= 1)  # the first failure: from now on put() spills
+    assert wait_for(lambda: q.stats.spool_pending == n)
+
+
+def test_a_gathering_queue_delivers_its_spooled_backlog_gathered_once_in_order(tmp_path, monkeypatch):
+    """A backlog written batch by batch while the tracker was down goes out as few deliveries as the same
+    batches from memory: frames read back together, each delivery within the gathering bounds."""
+    import otel_rl._delivery_thread as dt
+
+    monkeypatch.setattr(dt, "_GATHER_MAX_ITEMS", 70)
+    sw = GatheringSwitch()
+    q = DeliveryQueue(sw, 1000, backoff_max_s=0.2, spool=SpoolOptions(path=str(tmp_path / "q")), gather_s=0.05)
+    _down_backlog(q, 300)
+    assert q.spool.pending_frames == 300  # one frame per batch
+    sw.up.set()
+    assert q.wait_idle(30)
+    q.stop(5)
+    assert sw.steps() == list(range(300))  # each once, in order
+    # the batch in flight when the tracker failed stays alone (its frame was written as the one in flight);
+    # the frames after it are read back together, up to the bound
+    assert [len(b) for b in sw.batches] == [1, 70, 70, 70, 70, 19]
+    assert q.stats.exported == q.stats.replayed == 300 and q.stats.dropped == 0 and q.stats.spool_pending == 0
+    assert not (tmp_path / "q").exists()
+
+
+def test_a_queue_that_does_not_gather_delivers_its_spool_frame_by_frame(tmp_path):
+    sw = Switch()
+    q = DeliveryQueue(sw, 1000, backoff_max_s=0.2, spool=SpoolOptions(path=str(tmp_path / "q")))
+    _down_backlog(q, 30)
+    sw.up.set()
+    assert q.wait_idle(30)
+    q.stop(5)
+    assert [len(b) for b in sw.batches] == [1] * 30
+
+
+def test_a_gathered_spool_delivery_cut_short_is_delivered_again_whole_by_the_next_process(tmp_path):
+    """The process stops while frames read back together are being delivered: none is acknowledged, the
+    next process with the same spool delivers them (and the rest) in order, nothing lost."""
+    sw = GatheringSwitch()
+    opts = SpoolOptions(path=str(tmp_path / "q"))
+    q = DeliveryQueue(sw, 1000, backoff_max_s=0.2, spool=opts, gather_s=0.05)
+    _down_backlog(q, 50)
+    sw.gate.clear()  # the next call hangs
+    sw.up.set()
+    assert wait_for(lambda: sw.calls >= 2)  # the gathered delivery is in the exporter's hands
+    q.request_stop()
+    q.join(0.5)
+    assert q.stats.spool_pending == 50
+    q._disk.close()  # the process ends: its spool as it is on disk
+    sw2 = GatheringSwitch(up=True)
+    q2 = DeliveryQueue(sw2, 1000, spool=SpoolOptions(path=str(tmp_path / "q")), gather_s=0.05)
+    assert q2.wait_idle(30)
+    q2.stop(5)
+    assert sw2.steps() == list(range(50))
+    assert len(sw2.batches) == 1
+    sw.gate.set()
+
+
+def test_an_undecodable_frame_in_a_gathered_backlog_is_skipped_alone(tmp_path, caplog):
+    """A frame that passes its checksum but cannot be decoded is counted and skipped; the frames around it
+    are delivered in the same delivery."""
+    from otel_rl.spool import Spool
+    from otel_rl.spool.codec import encode_batch
+
+    caplog.set_level(logging.WARNING, logger="otel_rl")
+    ident = RunIdentity("p", "e", "r")
+    sp = Spool(SpoolOptions(path=str(tmp_path / "q"), meta={"exporter": "switch"}))
+    assert sp.open()
+    for s in range(10):
+        sp.append(encode_batch([], [StepMetrics(ident, s, {"n": s}, s)]), 1)
+        if s == 4:
+            sp.append(b"\x01\x00\x03not a batch", 3)  # version 1, 3 items, then garbage
+    sp.close(remove_if_empty=False)
+    sw = GatheringSwitch(up=True)
+    q = DeliveryQueue(sw, 1000, spool=SpoolOptions(path=str(tmp_path / "q")), gather_s=0.05)
+    assert q.wait_idle(30)
+    q.stop(5)
+    assert sw.steps() == list(range(10)) and len(sw.batches) == 1
+    assert q.stats.dropped == 3 and q.stats.exported == 10 and q.stats.spool_pending == 0
+    assert sum("cannot be read" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_replay_delivers_a_spooled_backlog_gathered_for_an_exporter_that_gathers(tmp_path, monkeypatch):
+    """`otel-rl replay` hands a gathering exporter the spool's frames read back together, as a trainer's
+    queue does: one batch per frame on disk, a few calls to the tracker."""
+    import json
+
+    from otel_rl.config import resolve
+    from otel_rl.spool.replay import replay_one
+
+    from .spool_helpers import GatheringAppendLog
+
+    sink = tmp_path / "sink.jsonl"
+    monkeypatch.setenv("SPOOL_TEST_SINK", str(sink))
+    sink.with_name("sink.jsonl.down").touch()  # down: every batch is spilled as its own frame
+    config = resolve(project="p", run_id="r", spool_dir=str(tmp_path / "spool"), export_interval_s=0.05)
+    ex = GatheringAppendLog(config)
+    q = DeliveryQueue(ex, 1000, backoff_max_s=0.2, config=config)
+    _down_backlog(q, 120)
+    q.request_stop()
+    q.join(5)
+    path = q.spool.path
+    assert q.spool.pending_frames == 120
+    sink.with_name("sink.jsonl.down").unlink()
+    res = replay_one(path)
+    assert res is not None and res.status == "delivered" and res.delivered == 120, res
+    lines = [json.loads(x) for x in sink.read_text().splitlines()]
+    assert [x["step"] for x in lines] == list(range(120))
+    assert len({x["call"] for x in lines}) <= 2  # (the batch in flight at the failure may go alone)

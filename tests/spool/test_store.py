@@ -253,6 +253,80 @@ def test_drop_oldest_keeps_the_frame_in_flight(tmp_path):
     sp.close()
 
 
+def test_frames_read_ahead_across_segments_are_acknowledged_in_order(tmp_path):
+    """peek + peek_next: the oldest frames in order, across segments, within the limits given; nothing
+    moves until `advance()`; a reopened spool starts after what was advanced."""
+    d = tmp_path / "exp"
+    sp = open_spool(d, segment_bytes=1024)
+    for s in range(40):
+        sp.append(batch(s, keys=10), 1)
+    assert len(segments(d)) > 3
+    first = sp.peek()
+    frames = [first]
+    while (nxt := sp.peek_next(frames[-1], 100, 1 << 20)) is not None:
+        frames.append(nxt)
+    assert [steps_of(f.payload)[0] for f in frames] == list(range(40))
+    assert sp.peek_next(frames[-1], 100, 1 << 20) is None  # the end
+    assert sp.pending_frames == 40
+    for f in frames[:25]:
+        sp.advance(f)
+    assert (sp.pending_frames, sp.pending_items) == (15, 15)
+    sp.close()
+    sp = open_spool(d, segment_bytes=1024)
+    assert drain(sp) == list(range(25, 40))
+    sp.close()
+
+
+def test_read_ahead_stops_at_the_limits_and_at_a_bad_frame(tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger="otel_rl")
+    d = tmp_path / "exp"
+    sp = open_spool(d)
+    sp.append(batch(0), 1)
+    sp.append(batch(1), 3)
+    big = sp.append(batch(2, keys=200), 1)[0]
+    sp.append(batch(3), 1)
+    first = sp.peek()
+    assert sp.peek_next(first, 2, 1 << 20) is None  # 3 items do not fit in 2
+    second = sp.peek_next(first, 3, 1 << 20)
+    assert steps_of(second.payload) == [1]
+    assert sp.peek_next(second, 10, 500) is None  # too many bytes
+    sp.advance(first)
+    sp.advance(second)
+    # a frame that fails its check ends the read-ahead, uncounted; peek skips it (counted) once it is the oldest
+    with open(d / "0000000000000001.seg", "r+b") as f:
+        f.seek(big.offset + FRAME_HEADER_BYTES + 5)
+        f.write(b"\xff\xff")
+    third = sp.peek_next(second, 10, 1 << 20)
+    assert third is None and sp.corrupt_frames == 0
+    head = sp.peek()
+    assert steps_of(head.payload) == [3] and sp.corrupt_frames == 1
+    sp.advance(head)
+    assert sp.pending_frames == 0
+    sp.close()
+
+
+def test_drop_oldest_keeps_every_frame_read_ahead(tmp_path):
+    """The cap drops the segments of frames being delivered together: none of them counts as lost, and
+    advancing them afterwards is exact."""
+    sp = open_spool(tmp_path / "exp", max_bytes=16 << 10, segment_bytes=2048)
+    for s in range(12):
+        sp.append(batch(s, keys=20), 1)
+    frames = [sp.peek()]
+    for _ in range(5):
+        frames.append(sp.peek_next(frames[-1], 100, 1 << 20))
+    assert [steps_of(f.payload)[0] for f in frames] == list(range(6))
+    for s in range(12, 300):
+        sp.append(batch(s, keys=20), 1)
+    assert sp.dropped_items > 0
+    for f in frames:  # delivered after all
+        sp.advance(f)
+    rest = drain(sp)
+    assert rest[0] > 6 and rest[-1] == 299
+    assert sp.dropped_items + len(rest) + len(frames) == 300
+    assert sp.pending_items == 0 and sp.pending_frames == 0
+    sp.close()
+
+
 def test_lock_busy_exact_and_fallback(tmp_path, caplog):
     d = tmp_path / "exp"
     a = open_spool(d)
