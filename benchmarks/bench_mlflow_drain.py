@@ -1,8 +1,8 @@
 """Draining a backlog of trajectories into a remote `mlflow server`, against the fastest ingest that
 server offers, in one run.
 
-    .venv/bin/python benchmarks/bench_mlflow_drain.py            # ~6 min
-    .venv/bin/python benchmarks/bench_mlflow_drain.py --quick    # ~2 min, noisier
+    .venv/bin/python benchmarks/bench_mlflow_drain.py            # ~9 min
+    .venv/bin/python benchmarks/bench_mlflow_drain.py --quick    # ~3 min, noisier
 
 A real `mlflow server` (sqlite backend, 127.0.0.1, `--workers` as given: MLflow's default 4) is started
 and stopped here.  The backlog: trajectories of 5 spans, as the demo makes them (an AGENT root with
@@ -12,13 +12,16 @@ token usage, a calculator TOOL call, a second chat call), captured from `otel_rl
   floor   the server's OTLP endpoint (`POST /v1/traces`, `x-mlflow-experiment-id`), fed requests of B
           trajectories, encoded beforehand by MLflow's own client code (`Span.to_otel_proto`), by C
           connections at once; no run link.  Every (B, C) pair is run; the floor is the best of them.
-  before  `MlflowExporter.export_records(deliveries)` through MLflow's client, as the exporter wrote
-          to a server until now (OTEL_RL_MLFLOW_OTLP_TRACES=false): `log_spans` of 100 trajectories
-          per call (the same endpoint), then `link_traces_to_run`.
-  after   the same with the exporter's OTLP writer (otel_rl_mlflow/_remote.py).
-Deliveries of D trajectories, as the delivery thread hands them over (D=100: one spool frame of a
-pipeline batch of ~512 spans, what a backlog replay delivers at a time).
-
+  drains  a real backlog: a spool directory of frames of F trajectories (F=100: what a pipeline batch of
+          ~512 spans makes, one frame per batch while the tracker was down), drained by the exporter's
+          own delivery queue (`DeliveryQueue`, the exporter's run settings; the clock runs from the queue's
+          start until it is idle: reading and decoding the frames, delivery, acknowledgement):
+    client, frame by frame   through MLflow's client (OTEL_RL_MLFLOW_OTLP_TRACES=false: `log_spans` +
+                             `link_traces_to_run`), one frame per delivery
+    OTLP, frame by frame     the exporter's OTLP writer (otel_rl_mlflow/_remote.py), one frame per
+                             delivery (what a queue did before it gathered its spool's frames)
+    OTLP, gathered           the same, the queue reading its frames back together as it gathers
+                             (up to 20,000 items and half of `queue_max_bytes` per delivery)
 Each round runs every variant once on new trajectories, in an order rotated round by round, so load
 drift on a shared machine hits all alike; a rate is total traces / total seconds over the rounds.
 Afterwards every trace the exporter wrote is checked in the store: the count, its run link
@@ -60,8 +63,11 @@ from otel_rl_mlflow import MlflowExporter, mlflow_trace_id  # noqa: E402
 from otel_rl_mlflow._traces import ATTR_INPUTS, ATTR_OUTPUTS, SpanBuilder, preview, trace_tags  # noqa: E402
 
 import otel_rl  # noqa: E402
+from otel_rl._delivery import DeliveryQueue  # noqa: E402
 from otel_rl.config import resolve  # noqa: E402
 from otel_rl.records import RunIdentity, RunStart, Trajectory  # noqa: E402
+from otel_rl.spool import Spool, SpoolOptions  # noqa: E402
+from otel_rl.spool.codec import encode_batch  # noqa: E402
 from otel_rl.testing import CaptureExporter  # noqa: E402
 
 SYSTEM = "You are a careful math tutor. Think step by step and use the calculator for arithmetic. " * 4
@@ -96,6 +102,8 @@ def make_trajectories(n: int, ident: RunIdentity) -> list[Trajectory]:
             calculator(f"17*{23 + i}", tool_call_id=f"call-{i}")
             chat(messages + [{"role": "tool", "content": "391"}])
             t.set_reward(1.0)
+        if i % 5000 == 4999:
+            h.flush(120)  # (a backlog made faster than the capture takes it would be shed)
     h.flush(120)
     h.shutdown()
     out = cap.of_type(Trajectory)
@@ -211,24 +219,24 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--rounds", type=int)
     ap.add_argument("--per-round", type=int, help="trajectories per variant per round")
-    ap.add_argument("--delivery", type=int, default=100, help="trajectories per delivery (export_records call)")
+    ap.add_argument("--frame", type=int, default=100, help="trajectories per spool frame")
     ap.add_argument("--workers", type=int, default=4, help="mlflow server --workers (MLflow's default: 4)")
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stopped: the `finally` still stops the server
     rounds = args.rounds or (2 if args.quick else 3)
-    per_round = args.per_round or (400 if args.quick else 1000)
+    per_round = args.per_round or (600 if args.quick else 2000)
     configs = [(100, 1), (500, 1), (500, 2), (1000, 2)] if args.quick else \
         [(100, 1), (100, 2), (500, 1), (500, 2), (1000, 1), (1000, 2), (2000, 2)]
     print(f"# {platform.python_version()} on {os.cpu_count()} cpus; load {os.getloadavg()[0]:.1f}; mlflow server "
-          f"--workers {args.workers}; {rounds} rounds x {per_round} trajectories per variant; deliveries of "
-          f"{args.delivery}", flush=True)
+          f"--workers {args.workers}; {rounds} rounds x {per_round} trajectories per variant; spool frames of "
+          f"{args.frame}", flush=True)
 
     with tempfile.TemporaryDirectory(prefix="bench-drain-") as tmp:
         server = MlflowServer(Path(tmp), workers=args.workers)
         server.start()
         try:
             client = MlflowClient(server.url)
-            n_variants = len(configs) + 2
+            n_variants = len(configs) + 3
             t0 = time.perf_counter()
             ident = RunIdentity("bench-drain", "backlog", "bench-drain-run")
             pool = make_trajectories(per_round * rounds * n_variants, ident)
@@ -243,28 +251,45 @@ def main() -> int:
                                                               f"{c[1]} at once") for c in configs}
             floor_exp = {c: client.create_experiment(f"floor-{c[0]}-{c[1]}") for c in configs}
 
-            def exporter(name: str, otlp: bool) -> tuple[MlflowExporter, RunIdentity]:
+            def exporter(name: str, otlp: bool) -> tuple[MlflowExporter, RunIdentity, object]:
                 cfg = resolve(project=f"drain-{name}", experiment=name, trace_backend="mlflow")
                 ident = RunIdentity(cfg.project, cfg.experiment, cfg.run_id)
                 e = MlflowExporter(cfg, tracking_uri=server.url)
                 if not otlp:
                     e._remote = False  # as with OTEL_RL_MLFLOW_OTLP_TRACES=false: MLflow's log_spans + link
                 e.export_records([RunStart(ident, {}, 0, time.time_ns())])
-                return e, ident
+                return e, ident, cfg
 
-            ours = {"before": exporter("before", False), "after": exporter("after", True)}
-            written: dict[str, list[Trajectory]] = {"before": [], "after": []}
-            results = {"before": Result("before: exporter via MLflow's client (log_spans x100 + link)"),
-                       "after": Result("after: exporter's OTLP writer")}
+            names = {"client": "client, frame by frame (log_spans + link)",
+                     "frames": "OTLP, frame by frame",
+                     "gathered": "OTLP, gathered"}
+            ours = {"client": exporter("client", False), "frames": exporter("frames", True),
+                    "gathered": exporter("gathered", True)}
+            written: dict[str, list[Trajectory]] = {k: [] for k in ours}
+            cpu = {k: 0.0 for k in ours}  # this process's CPU while it drains (all its threads)
+            results = {k: Result(f"drain: {v}") for k, v in names.items()}
+            spools = Path(tmp) / "spools"
 
             def run_ours(name: str) -> Callable[[], tuple[int, float]]:
                 def go() -> tuple[int, float]:
-                    e, ident = ours[name]
+                    e, ident, cfg = ours[name]
                     mine = [dataclasses.replace(t, run=ident) for t in batch()]
-                    t0 = time.perf_counter()
-                    for i in range(0, len(mine), args.delivery):
-                        e.export_records(mine[i:i + args.delivery])
+                    path = spools / f"{name}-{len(written[name])}"
+                    sp = Spool(SpoolOptions(path=str(path), meta={"exporter": e.name}))
+                    sp.open()
+                    for i in range(0, len(mine), args.frame):
+                        part = mine[i:i + args.frame]
+                        sp.append(encode_batch([], part), len(part))
+                    sp.close(remove_if_empty=False)
+                    t0, c0 = time.perf_counter(), time.process_time()
+                    q = DeliveryQueue(e, 1000, spool=SpoolOptions(path=str(path)), config=cfg,
+                                      **({} if name == "gathered" else {"gather_s": 0.0}))
+                    ok = q.wait_idle(1800)
                     secs = time.perf_counter() - t0
+                    cpu[name] += time.process_time() - c0
+                    q.stop(5)
+                    st = q.stats
+                    assert ok and st.replayed == len(mine) and not st.dropped and not st.spool_pending, st.as_dict()
                     written[name].extend(mine)
                     return len(mine), secs
                 return go
@@ -273,8 +298,7 @@ def main() -> int:
                 return lambda: floor_variant(server.port, floor_exp[c], batch(), *c)
 
             variants: list[tuple[Result, Callable[[], tuple[int, float]]]] = \
-                [(results["before"], run_ours("before")), (results["after"], run_ours("after"))] + \
-                [(floors[c], run_floor(c)) for c in configs]
+                [(results[k], run_ours(k)) for k in ours] + [(floors[c], run_floor(c)) for c in configs]
             for r in range(rounds):
                 k = r % len(variants)
                 for res, fn in variants[k:] + variants[:k]:
@@ -283,31 +307,33 @@ def main() -> int:
                     print(f"  round {r + 1}: {res.name}: {n / secs:.0f} traces/s", flush=True)
 
             print("\n## verification")
-            for name in ("before", "after"):
-                e, ident = ours[name]
+            for name in ours:
+                e, ident, _ = ours[name]
                 handle = e.runs[ident]
                 print(verify(client, handle.experiment_id, handle.run_id, written[name], name), flush=True)
             for c in configs:
                 stored = len(search_all(client, floor_exp[c]))
                 assert stored == per_round * rounds, (c, stored)
-            for e, _ in ours.values():
+            for e, _, _ in ours.values():
                 e.shutdown()
         finally:
             server.kill()
 
     best = max(floors.values(), key=lambda r: r.rate)
     print("\n## traces/s (total over rounds; min / median / max of rounds)")
-    for res in [*floors.values(), results["before"], results["after"]]:
+    for res in [*floors.values(), *results.values()]:
         rr = res.round_rates()
         mark = "  <- floor" if res is best else ""
         print(f"  {res.name:<58} {res.rate:7.1f}   ({min(rr):.0f} / {statistics.median(rr):.0f} / {max(rr):.0f})"
               f"{mark}")
+    print("\n## the exporter's own CPU (this process, all threads) per trace drained")
+    for name, res in results.items():
+        print(f"  {names[name]:<45} {cpu[name] / sum(n for n, _ in res.rounds) * 1e3:.2f} ms")
     print("\n## ratios to the floor")
-    for name in ("before", "after"):
-        res = results[name]
+    for name, res in results.items():
         paired = [a / b for a, b in zip(res.round_rates(), best.round_rates())]
-        print(f"  {name}: {res.rate / best.rate:.2f} x floor (median of per-round ratios "
-              f"{statistics.median(paired):.2f}); {res.rate / results['before'].rate:.2f} x before")
+        print(f"  {names[name]}: {res.rate / best.rate:.2f} x floor (median of per-round ratios "
+              f"{statistics.median(paired):.2f}); {res.rate / results['client'].rate:.2f} x through MLflow's client")
     return 0
 
 

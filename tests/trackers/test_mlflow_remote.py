@@ -250,6 +250,40 @@ def test_server_killed_mid_delivery_retry_loses_and_duplicates_nothing(server, m
     e.shutdown()
 
 
+def test_a_failed_link_fails_the_delivery_and_its_retry_links_every_trace(server, monkeypatch):
+    """Links go out on their own thread while the next spans are sent: a link call that fails fails the
+    delivery once everything on its way ended; the retry sends again only what was not stored and
+    linked, and in the end every trace is stored once and linked to the run."""
+    client = MlflowClient(server.url)
+    e, ident = _exporter(server.url, f"link-{uuid.uuid4().hex[:6]}", True, monkeypatch)
+    trajs = [dataclasses.replace(t, run=ident) for t in trajectories(300, "link")]
+    e.export_records(trajs[:1])  # the run is open, the writer made
+    store = e._remote._store
+    real = store.link_traces_to_run
+    bad = mlflow_trace_id(trajs[200].trace_id)  # in the second of the delivery's two requests
+    calls: list[list[str]] = []
+
+    def link(ids, run_id):
+        calls.append(list(ids))
+        if bad in ids and sum(bad in c for c in calls) == 1:
+            raise MlflowException("link refused (once)")
+        return real(ids, run_id)
+
+    monkeypatch.setattr(store, "link_traces_to_run", link)
+    rest = trajs[1:]
+    with pytest.raises(MlflowException, match="link refused"):
+        e.export_records(rest)
+    assert e._remote.done == 1  # the first request: stored and linked
+    e.export_records(rest)  # the core retries the same batch
+    h = e.runs[ident]
+    got, linked = _stored(client, h.experiment_id, h.run_id)
+    want = {mlflow_trace_id(t.trace_id) for t in trajs}
+    assert set(got) == linked == want
+    first = {mlflow_trace_id(t.trace_id) for t in trajs[1:150]}
+    assert sum(len(first & set(c)) for c in calls) == len(first)  # the first request was not linked again
+    e.shutdown()
+
+
 @pytest.mark.slow
 def test_server_without_span_ingestion_gets_one_trace_at_a_time(tmp_path, monkeypatch, caplog):
     """A server on a file store answers /v1/traces with 501: the exporter warns once and logs each trace

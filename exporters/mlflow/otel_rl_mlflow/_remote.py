@@ -11,8 +11,9 @@ one call waits for the server before the next one is made.  `RemoteTraceWriter`:
   `IN_FLIGHT` requests), with up to `IN_FLIGHT` of them on their way at once: the server works on two
   requests at once, and the next one is encoded meanwhile, so the server, not the client, sets the pace;
 - links each request's traces to the run (``link_traces_to_run``, 100 per call) once the server has
-  stored them, as the exporter always did: the server's ``x-mlflow-run-id`` header would link them
-  too, but it drops a link that fails without saying so, and takes at most 100 traces.
+  stored them, as the exporter always did, on a thread of its own while the next requests go out: the
+  server's ``x-mlflow-run-id`` header would link them too, but it drops a link that fails without saying
+  so, and takes at most 100 traces.
 
 The server stores what it stores for MLflow's own client: trace info, tags (``mlflow.traceTag.*`` of
 the root span), request / response previews and token usage from the root's inputs / outputs, spans;
@@ -85,6 +86,7 @@ class RemoteTraceWriter:
     def __init__(self, store: Any):
         self._store = store
         self._pool: ThreadPoolExecutor | None = None
+        self._linker: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
         #: leading requests of the last `write` that were stored and linked (read after it raised)
         self.done = 0
@@ -102,38 +104,53 @@ class RemoteTraceWriter:
         spans_of: Callable[[Trajectory], list[RowSpan]],
     ) -> None:
         """Store every trajectory of `requests` (one list per request), linked to `run_id`; returns when
-        all are stored and linked, raises at the first failure (after the requests on their way ended)."""
+        all are stored and linked, raises at the first failure (after the calls on their way ended).
+
+        A request's traces are linked on a thread of their own once the server has stored them, while
+        the next requests are sent: the link calls do not hold one of the `IN_FLIGHT` places."""
         self.done = 0
         validate = getattr(self._store, "_validate_workspace_support_if_specified", None)
         if validate is not None:
             validate()
-        pool = self._executor()
-        pending: deque[Future] = deque()
+        pool, linker = self._executors()
+        posts: deque[tuple[Future, list[str]]] = deque()
+        links: list[Future] = []
+
+        def stored() -> None:  # the oldest request on its way is stored: its traces are linked meanwhile
+            f, ids = posts.popleft()
+            f.result()
+            links.append(linker.submit(self._link, run_id, ids))
+
         try:
             for trajs in requests:
                 body = _otlp.export_request([s for t in trajs for s in spans_of(t)])
                 ids = [mlflow_trace_id(t.trace_id) for t in trajs]
-                while len(pending) >= IN_FLIGHT:
-                    pending.popleft().result()
-                    self.done += 1
-                pending.append(pool.submit(self._send, experiment_id, run_id, body, ids))
-            while pending:
-                pending.popleft().result()
+                while len(posts) >= IN_FLIGHT:
+                    stored()
+                posts.append((pool.submit(self._post, experiment_id, body), ids))
+            while posts:
+                stored()
+            for f in links:
+                f.result()
                 self.done += 1
         except BaseException:
-            for f in pending:  # let them end: a retry must not race them
+            for f in [f for f, _ in posts] + links:  # let them end: a retry must not race them
                 try:
                     f.result()
                 except Exception:
                     pass
+            self.done = 0  # the leading requests stored and linked
+            for f in links:
+                if f.exception() is not None:
+                    break
+                self.done += 1
             raise
 
-    def _send(self, experiment_id: str, run_id: str, body: bytes, ids: list[str]) -> None:
+    def _post(self, experiment_id: str, body: bytes) -> None:
         from mlflow.utils.rest_utils import http_request, verify_rest_response
 
-        store = self._store
         response = http_request(
-            host_creds=store.get_host_creds(),
+            host_creds=self._store.get_host_creds(),
             endpoint=OTLP_TRACES_PATH,
             method="POST",
             data=body,
@@ -142,17 +159,22 @@ class RemoteTraceWriter:
         if response.status_code in _UNSUPPORTED:
             raise Unsupported(f"{response.status_code} {response.text[:200]}")
         verify_rest_response(response, OTLP_TRACES_PATH)
-        for i in range(0, len(ids), MAX_LINKS_PER_CALL):
-            store.link_traces_to_run(ids[i : i + MAX_LINKS_PER_CALL], run_id)
 
-    def _executor(self) -> ThreadPoolExecutor:
+    def _link(self, run_id: str, ids: list[str]) -> None:
+        for i in range(0, len(ids), MAX_LINKS_PER_CALL):
+            self._store.link_traces_to_run(ids[i : i + MAX_LINKS_PER_CALL], run_id)
+
+    def _executors(self) -> tuple[ThreadPoolExecutor, ThreadPoolExecutor]:
         with self._lock:
-            if self._pool is None:
+            if self._pool is None or self._linker is None:
                 self._pool = ThreadPoolExecutor(IN_FLIGHT, thread_name_prefix="otel-rl-mlflow-otlp")
-            return self._pool
+                self._linker = ThreadPoolExecutor(1, thread_name_prefix="otel-rl-mlflow-link")
+            return self._pool, self._linker
 
     def close(self) -> None:
         with self._lock:
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=False)
+            pools = (self._pool, self._linker)
+            self._pool = self._linker = None
+        for pool in pools:
+            if pool is not None:
+                pool.shutdown(wait=False)
