@@ -21,7 +21,7 @@ def test_every_pyproject_uses_an_spdx_license_string():
 
 
 def test_build_output_is_git_ignored():
-    for path in ("build/lib/x.py", "dist/x.whl"):
+    for path in ("build/lib/x.py", "dist/x.whl", "otel_rl/bridge/_otlp.cpython-311-x86_64-linux-gnu.so"):
         res = subprocess.run(["git", "check-ignore", "-v", path], cwd=ROOT, capture_output=True, text=True)
         assert res.returncode == 0, (path, res.stdout, res.stderr)
 

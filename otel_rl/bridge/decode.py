@@ -8,8 +8,9 @@ dicts, bytes as bytes), events, links, status and the dropped counts.
 
 Two wire encodings:
 
-- protobuf (``application/x-protobuf``): parsed by the official generated messages
-  (`opentelemetry-proto`);
+- protobuf (``application/x-protobuf``): read by the C extension `otel_rl.bridge._otlp` where it is
+  built (``NATIVE``), otherwise parsed by the official generated messages (`opentelemetry-proto`);
+  both end in `span_from_fields`, and give the same spans (tests/bridge/test_decode_native.py);
 - JSON (``application/json``) as the OTLP specification defines it, which differs from the
   canonical proto3 JSON mapping: trace and span ids are hex strings (not base64), enums are
   integers, 64-bit integers may be strings or numbers, field names are lowerCamelCase (the
@@ -33,6 +34,8 @@ from typing import Any
 
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope as _ScopeProto
+from opentelemetry.proto.resource.v1.resource_pb2 import Resource as _ResourceProto
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.util import BoundedList
@@ -201,37 +204,39 @@ class _Cache:
 
     def __init__(self, limit: int = 4096):
         self.limit = limit
-        self.resources: dict[tuple[bytes, str], Resource] = {}
+        self.resources: dict[tuple[bytes, str], tuple[Resource, str | None]] = {}
         self.scopes: dict[tuple[bytes, str], InstrumentationScope | None] = {}
 
-    def resource(self, rs: Any) -> Resource:
-        key = (rs.resource.SerializeToString(), rs.schema_url)
-        res = self.resources.get(key)
-        if res is None:
+    def resource_bytes(self, raw: bytes, schema_url: str) -> tuple[Resource, str | None]:
+        """A serialized `Resource` -> (its `Resource`, why its spans cannot make records or None)."""
+        key = (raw, schema_url)
+        got = self.resources.get(key)
+        if got is None:
             if len(self.resources) >= self.limit:
                 self.resources.clear()
-            res = Resource(
-                _with_dropped(attributes(rs.resource.attributes), rs.resource.dropped_attributes_count),
-                rs.schema_url or None,
-            )
+            msg = _parse_protobuf(raw, _ResourceProto())
+            res = Resource(_with_dropped(attributes(msg.attributes), msg.dropped_attributes_count), schema_url or None)
             # Resource() copies the attributes into its own BoundedAttributes (values as they are)
-            self.resources[key] = res
-        return res
+            got = self.resources[key] = (res, resource_problem(res.attributes))
+        return got
 
     def scope(self, ss: Any) -> InstrumentationScope | None:
-        key = (ss.scope.SerializeToString(), ss.schema_url)
+        return self.scope_bytes(ss.scope.SerializeToString(), ss.schema_url)
+
+    def scope_bytes(self, raw: bytes, schema_url: str) -> InstrumentationScope | None:
+        key = (raw, schema_url)
         try:
             return self.scopes[key]
         except KeyError:
             pass
         if len(self.scopes) >= self.limit:
             self.scopes.clear()
-        sc = ss.scope
-        if not sc.name and not sc.version and not sc.attributes and not ss.schema_url:
+        sc = _parse_protobuf(raw, _ScopeProto())
+        if not sc.name and not sc.version and not sc.attributes and not schema_url:
             scope = None  # the SDK encodes a span without a scope as an empty scope
         else:
             scope = InstrumentationScope(
-                sc.name, sc.version or None, ss.schema_url or None, attributes(sc.attributes) if sc.attributes else None
+                sc.name, sc.version or None, schema_url or None, attributes(sc.attributes) if sc.attributes else None
             )
         self.scopes[key] = scope
         return scope
@@ -292,124 +297,199 @@ def _valid_context(trace_id: int, span_id: int, remote: bool, flags: TraceFlags,
     return _new_tuple(SpanContext, (trace_id, span_id, remote, flags, state, True))
 
 
+def span_from_fields(f: tuple, resource: Resource, scope: InstrumentationScope | None) -> ReadableSpan | str:
+    """One span's decoded fields -> its `ReadableSpan`, or why it is refused.
+
+    `f`: (trace_id, span_id, trace_state, parent_span_id, flags, name, kind, start, end, attributes,
+    dropped attributes, events, dropped events, links, dropped links, status code, status message,
+    whether each `validate.TYPED` attribute had its type), events as (time, name, attributes, dropped)
+    and links as (trace_id, span_id, trace_state, attributes, dropped, flags).  Both decoders end here:
+    the protobuf one in C (`otel_rl.bridge._otlp`) for every span that has more than the common fields,
+    the one through the generated messages for every span."""
+    (tid, sid, text, psid, flags, name, kind, start, end, attrs, dropped, events, d_events, links, d_links, code,
+     message, typed_ok) = f  # fmt: skip
+    if len(tid) != 16 or tid == _ZERO_TRACE:
+        return "trace_id must be 16 bytes, not all zero"
+    if len(sid) != 8 or sid == _ZERO_SPAN:
+        return "span_id must be 8 bytes, not all zero"
+    if psid and (len(psid) != 8 or psid == _ZERO_SPAN):
+        return "parent_span_id must be empty or 8 bytes, not all zero"
+    span_links: Any = ()
+    if links:
+        span_links = _links(links)
+        if span_links is None:
+            return "link ids must be 16 and 8 bytes"
+        span_links = _bounded(span_links, d_links)
+    elif d_links:
+        span_links = _bounded([], d_links)
+    span_events: Any = ()
+    if events:
+        span_events = _bounded([Event(n, _with_dropped(a, d), t) for t, n, a, d in events], d_events)
+    elif d_events:
+        span_events = _bounded([], d_events)
+    if not typed_ok or needs_check(name, attrs, bool(psid)):
+        why = span_problem(name, attrs, bool(psid))
+        if why:
+            return why
+    trace_id = int.from_bytes(tid, "big")
+    trace_flags = _FLAGS[flags & FLAGS_TRACE_FLAGS_MASK]
+    state = _trace_state(text) if text else _EMPTY_STATE
+    ctx = _valid_context(trace_id, int.from_bytes(sid, "big"), False, trace_flags, state)
+    parent = (
+        _valid_context(trace_id, int.from_bytes(psid, "big"), _is_remote(flags), trace_flags, state) if psid else None
+    )
+    if code == 2:
+        status = Status(StatusCode.ERROR, message or None)
+    elif code == 1:
+        status = _OK  # the SDK keeps no description except for ERROR
+    else:
+        status = _UNSET
+    return ReadableSpan(
+        name,
+        ctx,
+        parent,
+        resource,
+        _with_dropped(attrs, dropped) if dropped else attrs,
+        span_events,
+        span_links,
+        _KINDS.get(kind, SpanKind.INTERNAL),
+        None,
+        status,
+        start,
+        end,
+        scope,
+    )
+
+
+def _fields(s: Any) -> tuple:
+    """A generated `Span` message's fields, as `span_from_fields` takes them."""
+    attrs, typed_ok = _span_attributes(s.attributes)
+    st = s.status
+    return (
+        s.trace_id,
+        s.span_id,
+        s.trace_state,
+        s.parent_span_id,
+        s.flags,
+        s.name,
+        s.kind,
+        s.start_time_unix_nano,
+        s.end_time_unix_nano,
+        attrs,
+        s.dropped_attributes_count,
+        [(e.time_unix_nano, e.name, attributes(e.attributes), e.dropped_attributes_count) for e in s.events],
+        s.dropped_events_count,
+        [
+            (ln.trace_id, ln.span_id, ln.trace_state, attributes(ln.attributes), ln.dropped_attributes_count, ln.flags)
+            for ln in s.links
+        ],
+        s.dropped_links_count,
+        st.code,
+        st.message,
+        typed_ok,
+    )
+
+
 def spans_from_request(req: Any, out: DecodedTraces | None = None, cache: _Cache | None = None) -> DecodedTraces:
     """ExportTraceServiceRequest -> ReadableSpans (in request order)."""
     out = out if out is not None else DecodedTraces()
     cache = cache or _cache
     append = out.spans.append
-    from_bytes = int.from_bytes
     for rs in req.resource_spans:
-        resource = cache.resource(rs)
+        resource, bad_resource = cache.resource_bytes(rs.resource.SerializeToString(), rs.schema_url)
         out.resources.append(resource)
-        bad_resource = resource_problem(resource.attributes)
         for ss in rs.scope_spans:
             if bad_resource:
                 for _ in ss.spans:
                     out.reject(bad_resource)
                 continue
             scope = cache.scope(ss)
-            last_tid = b""  # the spans of a trace come together: convert its id once
-            trace_id = 0
             for s in ss.spans:
-                tid = s.trace_id
-                if tid != last_tid:
-                    if len(tid) != 16 or tid == _ZERO_TRACE:
-                        out.reject("trace_id must be 16 bytes, not all zero")
-                        continue
-                    last_tid = tid
-                    trace_id = from_bytes(tid, "big")
-                sid = s.span_id
-                if len(sid) != 8 or sid == _ZERO_SPAN:
-                    out.reject("span_id must be 8 bytes, not all zero")
-                    continue
-                psid = s.parent_span_id
-                if psid and (len(psid) != 8 or psid == _ZERO_SPAN):
-                    out.reject("parent_span_id must be empty or 8 bytes, not all zero")
-                    continue
-                flags = s.flags
-                trace_flags = _FLAGS[flags & FLAGS_TRACE_FLAGS_MASK]
-                text = s.trace_state
-                state = _trace_state(text) if text else _EMPTY_STATE
-                ctx = _valid_context(trace_id, from_bytes(sid, "big"), False, trace_flags, state)
-                parent = (
-                    _valid_context(trace_id, from_bytes(psid, "big"), _is_remote(flags), trace_flags, state)
-                    if psid
-                    else None
-                )
-                links: Any = ()
-                if s.links:
-                    links = _links(s.links)
-                    if links is None:
-                        out.reject("link ids must be 16 and 8 bytes")
-                        continue
-                    links = _bounded(links, s.dropped_links_count)
-                elif s.dropped_links_count:
-                    links = _bounded([], s.dropped_links_count)
-                events: Any = ()
-                if s.events:
-                    events = _bounded(
-                        [
-                            Event(
-                                e.name,
-                                _with_dropped(attributes(e.attributes), e.dropped_attributes_count),
-                                e.time_unix_nano,
-                            )
-                            for e in s.events
-                        ],
-                        s.dropped_events_count,
-                    )
-                elif s.dropped_events_count:
-                    events = _bounded([], s.dropped_events_count)
-                attrs, typed_ok = _span_attributes(s.attributes)
-                name = s.name
-                if not typed_ok or needs_check(name, attrs, bool(psid)):
-                    why = span_problem(name, attrs, bool(psid))
-                    if why:
-                        out.reject(why)
-                        continue
-                st = s.status
-                code = st.code
-                if code == 2:
-                    status = Status(StatusCode.ERROR, st.message or None)
-                elif code == 1:
-                    status = _OK  # the SDK keeps no description except for ERROR
+                span = span_from_fields(_fields(s), resource, scope)
+                if isinstance(span, str):
+                    out.reject(span)
                 else:
-                    status = _UNSET
-                dropped = s.dropped_attributes_count
-                append(
-                    ReadableSpan(
-                        name,
-                        ctx,
-                        parent,
-                        resource,
-                        _with_dropped(attrs, dropped) if dropped else attrs,
-                        events,
-                        links,
-                        _KINDS.get(s.kind, SpanKind.INTERNAL),
-                        None,
-                        status,
-                        s.start_time_unix_nano,
-                        s.end_time_unix_nano,
-                        scope,
-                    )
-                )
+                    append(span)
     return out
 
 
 def _links(received: Any) -> list[Link] | None:
     """A span's links, or None when one has ids that cannot be represented."""
     links = []
-    for ln in received:
-        lt, ls = ln.trace_id, ln.span_id
+    for lt, ls, state, attrs, dropped, flags in received:
         if len(lt) != 16 or len(ls) != 8:
             return None
         links.append(
             Link(
-                _context(int.from_bytes(lt, "big"), ls, ln.flags, ln.trace_state, _is_remote(ln.flags)),
-                _with_dropped(attributes(ln.attributes), ln.dropped_attributes_count),
+                _context(int.from_bytes(lt, "big"), ls, flags, state, _is_remote(flags)),
+                _with_dropped(attrs, dropped),
             )
         )
     return links
+
+
+# ----------------------------------------------------------------------------- the C decoder
+
+try:
+    from . import _otlp  # type: ignore[attr-defined]
+except ImportError:  # built without a C compiler: the generated messages decode everything
+    _otlp = None
+
+
+def _span_layout() -> tuple[tuple[str, ...], tuple[int, ...]] | None:
+    """The instance attributes `ReadableSpan.__init__` sets, in order, and for each the index of the
+    argument it holds; None when one of them is not simply an argument (then C does not make spans)."""
+    marks = [object() for _ in range(13)]
+    try:
+        probe = ReadableSpan(*marks)  # type: ignore[arg-type]
+        slots = vars(probe)
+    except Exception:  # pragma: no cover - an SDK whose spans have no instance dict
+        return None
+    ids = {id(m): i for i, m in enumerate(marks)}
+    names, args = [], []
+    for name, value in slots.items():
+        if id(value) not in ids:
+            return None
+        names.append(name)
+        args.append(ids[id(value)])
+    if len(set(args)) != len(args):  # pragma: no cover - a different SDK
+        return None
+    return tuple(names), tuple(args)
+
+
+def _configure_c() -> bool:
+    layout = _span_layout() if _otlp is not None else None
+    if layout is None:
+        return False
+    from .. import semconv as sc
+
+    _otlp.configure(
+        decode_error=DecodeError,
+        span_type=ReadableSpan,
+        attr_names=layout[0],
+        attr_args=layout[1],
+        context_type=SpanContext,
+        flags=list(_FLAGS),
+        empty_state=_EMPTY_STATE,
+        status_unset=_UNSET,
+        status_ok=_OK,
+        kinds=[_KINDS[i] for i in range(len(_KINDS))],
+        typed=dict(TYPED),
+        checked_names={sc.SPAN_RUN, sc.SPAN_LOG, sc.SPAN_GENERATIONS},
+        finish=span_from_fields,
+        resource=_cache.resource_bytes,
+        scope=_cache.scope_bytes,
+    )
+    return True
+
+
+NATIVE = _configure_c()  # whether protobuf bodies are decoded by `otel_rl.bridge._otlp`
+
+
+def _decode_native(body: bytes) -> DecodedTraces:
+    out = DecodedTraces()
+    _otlp.decode(body, out.spans, out.resources, out.reject)
+    return out
 
 
 # ----------------------------------------------------------------------------- request bodies
@@ -483,8 +563,14 @@ def parse_metrics(body: bytes, json_body: bool = False) -> Any:
     return _parse_json(body, msg) if json_body else _parse_protobuf(body, msg)
 
 
-def decode_traces(body: bytes, json_body: bool = False) -> DecodedTraces:
-    """A `/v1/traces` body (protobuf or OTLP/JSON) -> ReadableSpans."""
+def decode_traces(body: bytes, json_body: bool = False, native: bool | None = None) -> DecodedTraces:
+    """A `/v1/traces` body (protobuf or OTLP/JSON) -> ReadableSpans.  Protobuf is decoded in C where the
+    extension is built (`native`: force one decoder or the other, for tests)."""
+    if not json_body and (NATIVE if native is None else native):
+        try:
+            return _decode_native(body)
+        except RecursionError:  # pragma: no cover - C limits nesting itself
+            raise DecodeError("attribute values nested too deeply") from None
     req = parse_traces(body, json_body)
     try:
         return spans_from_request(req)

@@ -147,3 +147,28 @@ def test_the_command_refuses_bad_settings(argv, message, capsys, monkeypatch):
     code = otel_rl_main(["bridge", "--http-address", "127.0.0.1:0", "--grpc-address", "127.0.0.1:0", *argv])
     assert code == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["c-decoder", "generated-messages"])
+def test_the_bridge_makes_the_same_records_with_either_decoder(native, monkeypatch):
+    """Where otel-rl was installed without a C compiler the bridge decodes with the generated messages:
+    the same records come out."""
+    from otel_rl.bridge import decode
+
+    monkeypatch.setattr(decode, "NATIVE", native)
+    cap = CaptureExporter()
+    b = Bridge(Settings(http_address=("127.0.0.1", 0), grpc_address=None, batch_delay_s=0.02, root_grace_s=0.0),
+               exporters=[cap]).start()
+    try:
+        root, kids = _trajectory(0xDEF)
+        log = ReadableSpan(sc.SPAN_LOG, context=SpanContext(0x123, 5, False, F), resource=RES, start_time=1,
+                           end_time=2, attributes={sc.RL_STEP: 4, sc.RL_METRICS_KEYS: ("loss",),
+                                                   sc.RL_METRICS_VALUES: (0.5,)})
+        assert _post(b.http.port, [*kids, root, log]) == 200
+    finally:
+        b.stop(30)
+    (t,) = cap.of_type(Trajectory)
+    assert t.complete and t.step == 3 and [n.name for n in t.root.children] == ["op0", "op1", "op2"]
+    assert t.run == RunIdentity("p", "e", "r")
+    (m,) = cap.of_type(StepMetrics)
+    assert (m.step, m.values) == (4, {"loss": 0.5})
