@@ -83,6 +83,7 @@ class Pipeline:
         scope: InstrumentationScope,
         remote: Any = None,
         others: Any = None,
+        builder: RecordBuilder | None = None,
     ):
         self.config = config
         self.others = others  # span processors outside otel-rl (otel_rl._processors), fed from this thread
@@ -94,7 +95,7 @@ class Pipeline:
         self._batch_wake = 512
         self._max_items = config.queue_size
         self.dropped = 0
-        self._builder = RecordBuilder()
+        self._builder = builder if builder is not None else RecordBuilder()
         self._takeover: Receiver | None = None
         self._resource_attrs = dict(resource.attributes) if resource is not None else {}
         self.decodes = DecodeJobs()  # the tokenizers of token2text jobs that travel with their spans
@@ -172,6 +173,19 @@ class Pipeline:
         items.append(item)
         n = len(items)
         if n == self._batch_wake or n == self._defer_max_items:
+            self._wake.set()
+
+    def submit_spans(self, spans: Sequence[ReadableSpan]) -> None:
+        """`submit` each of `spans` (received ones: the bridge), in one step while the queue has room for all."""
+        items = self._items
+        n = len(items)
+        m = n + len(spans)
+        if m > self._max_items:
+            for span in spans:
+                self.submit(span)
+            return
+        items.extend(spans)
+        if n < self._batch_wake <= m or n < self._defer_max_items <= m:
             self._wake.set()
 
     @staticmethod
@@ -357,11 +371,19 @@ class Pipeline:
             routed: tuple | None = None  # (span, exporter names) of an item for some exporters only
             added: AddQueue | None = None
             empty = False
+            items = self._items
             while len(spans) < 4096:
-                item = self._next_item()
-                if item is None:
-                    empty = True
-                    break
+                if items and not self._ovf_ready and not self._ovf_items:
+                    item = items.popleft()  # (what `_next_item` gives while no overflow is being read)
+                    self._queue_turn -= 1
+                    if type(item) is ReadableSpan:
+                        spans.append(item)  # received spans (the bridge)
+                        continue
+                else:
+                    item = self._next_item()
+                    if item is None:
+                        empty = True
+                        break
                 if type(item) is tuple:  # a record from the overflow
                     self._ovf_done += 1
                     if item[0] == 0:

@@ -23,6 +23,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, KeysView, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypedDict
 
+from opentelemetry.trace import StatusCode
 from opentelemetry.util.types import AttributeValue
 
 from . import semconv as sc
@@ -82,7 +83,7 @@ class SpanEvent(TypedDict):
     attributes: dict[str, AttributeValue]
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)  # (one per span of every trajectory: smaller, quicker to fill)
 class SpanNode:
     name: str
     kind: str
@@ -311,9 +312,12 @@ def _response(root: SpanNode) -> Any:
     return _short(output) if isinstance(output, str) else output
 
 
-def _status(span: ReadableSpan) -> tuple[str, str | None]:
-    st = span.status
-    return st.status_code.name, st.description
+_UNSET, _OK, _ERROR = StatusCode.UNSET, StatusCode.OK, StatusCode.ERROR
+
+
+def _status_name(code: StatusCode) -> str:
+    # (compared by identity: an enum member's hash is a Python call)
+    return "UNSET" if code is _UNSET else "OK" if code is _OK else "ERROR" if code is _ERROR else code.name
 
 
 def metrics_from_attributes(attrs: Mapping[str, AttributeValue]) -> dict[str, float | int | bool]:
@@ -337,51 +341,82 @@ def metrics_from_attributes(attrs: Mapping[str, AttributeValue]) -> dict[str, fl
     return values
 
 
-def _text(value: AttributeValue | None) -> str | None:
-    """An op's inputs / output attribute: JSON text (a value of another type as its `str`)."""
-    return value if value is None or isinstance(value, str) else str(value)
+def _copy(attrs: Any) -> dict[str, AttributeValue]:
+    """A span's attributes as a dict of its own.  (`ReadableSpan.attributes` is a read-only proxy: its
+    `copy()` copies the dict behind it, where `dict(proxy)` would read it key by key.)"""
+    if not attrs:
+        return {}
+    try:
+        out = attrs.copy()
+    except AttributeError:
+        return dict(attrs)
+    return out if type(out) is dict else dict(out)
 
 
-def _node(span: ReadableSpan) -> SpanNode:
-    attrs: dict[str, AttributeValue] = dict(span.attributes or {})
-    status, msg = _status(span)
-    events: list[SpanEvent] = [
-        {"name": e.name, "time_ns": e.timestamp, "attributes": dict(e.attributes or {})} for e in span.events
-    ]
+def _node(span: ReadableSpan, attributes: Any = None) -> SpanNode:
+    """`span` as a node (`attributes`: its attributes, when the caller has read them already)."""
+    attrs = _copy(span.attributes if attributes is None else attributes)
+    st = span.status
+    parent = span.parent
+    kind = attrs.get(sc.RL_SPAN_KIND, sc.KIND_CHAIN)
+    inputs = attrs.pop(sc.RL_OP_INPUTS, None)
+    output = attrs.pop(sc.RL_OP_OUTPUT, None)
+    events = span.events
+    code = st.status_code
+    # (positional: this runs for every span of every trajectory)
     return SpanNode(
-        name=span.name,
-        kind=str(attrs.get(sc.RL_SPAN_KIND, sc.KIND_CHAIN)),
-        span_id=span.context.span_id,
-        parent_id=span.parent.span_id if span.parent is not None else None,
-        start_ns=span.start_time or 0,
-        end_ns=span.end_time or 0,
-        attributes=attrs,
-        inputs=_text(attrs.pop(sc.RL_OP_INPUTS, None)),
-        output=_text(attrs.pop(sc.RL_OP_OUTPUT, None)),
-        status=status,
-        status_message=msg,
-        events=events,
+        span.name,
+        kind if type(kind) is str else str(kind),
+        span.context.span_id,
+        parent.span_id if parent is not None else None,
+        span.start_time or 0,
+        span.end_time or 0,
+        attrs,
+        inputs if inputs is None or type(inputs) is str else str(inputs),
+        output if output is None or type(output) is str else str(output),
+        "OK" if code is _OK else "UNSET" if code is _UNSET else _status_name(code),
+        st.description,
+        [{"name": e.name, "time_ns": e.timestamp, "attributes": _copy(e.attributes)} for e in events] if events else [],
+        [],
     )
 
 
-def _tree(spans: Sequence[ReadableSpan], root_span: ReadableSpan | None) -> tuple[SpanNode, bool]:
-    nodes = {s.context.span_id: _node(s) for s in spans}
-    root = nodes[root_span.context.span_id] if root_span is not None else None
+def _start(node: SpanNode) -> int:
+    return node.start_ns
+
+
+def _tree(nodes: Sequence[SpanNode], root: SpanNode | None) -> tuple[SpanNode, bool]:
+    """The nodes of one trace as a tree under `root` (None: partial, the earliest orphan stands in)."""
+    by_id = {n.span_id: n for n in nodes}  # a span received twice (a sender's retry) counts once
+    if root is not None:
+        by_id[root.span_id] = root
     orphans = []
-    for n in sorted(nodes.values(), key=lambda n: n.start_ns):
+    for n in sorted(by_id.values(), key=_start):
         if n is root:
             continue
-        parent = nodes.get(n.parent_id) if n.parent_id is not None else None
-        if parent is not None:
+        pid = n.parent_id
+        parent = by_id.get(pid) if pid is not None else None
+        if parent is not None and parent is not n:
             parent.children.append(n)
         else:
             orphans.append(n)
     complete = root is not None
     if root is None:
-        # partial: the earliest orphan stands in for the missing root
         root = orphans.pop(0)
     root.children.extend(orphans)
     return root, complete
+
+
+class _Held:
+    """The spans of a trace whose root has not ended, as nodes (made on arrival, while the span is fresh
+    in memory), and the resource of the first (the run of a partial trajectory)."""
+
+    __slots__ = ("resource", "nodes", "since")
+
+    def __init__(self, resource: Any, since: float):
+        self.resource = resource
+        self.nodes: list[SpanNode] = []
+        self.since = since  # (time.monotonic() when its first span came)
 
 
 def _rank(value: object) -> int:
@@ -418,9 +453,26 @@ def is_record_span(span: ReadableSpan) -> bool:
 class RecordBuilder:
     """Stateful: spans of a trajectory are held until its root span ends."""
 
-    def __init__(self, max_pending_traces: int = 10_000):
-        self._pending: OrderedDict[int, list[ReadableSpan]] = OrderedDict()
+    def __init__(self, max_pending_traces: int = 10_000, min_age_s: float = 0.0):
+        """Beyond `max_pending_traces` traces waiting for their root, the oldest is emitted as a partial
+        trajectory -- once it has waited `min_age_s` (where roots are known to come late: the bridge
+        holds them for its root grace), or at ten times the bound whatever its age."""
+        self._pending: OrderedDict[int, _Held] = OrderedDict()
         self._max_pending = max_pending_traces
+        self._min_age_s = min_age_s
+        self._hard_max = max_pending_traces * 10 if min_age_s > 0 else max_pending_traces
+        self._runs: dict[int, tuple[Any, RunIdentity]] = {}  # id(resource) -> (resource, its run)
+
+    def _run(self, resource: Any) -> RunIdentity:
+        """The run a resource names (a resource is immutable and every span of a run shares one: read once)."""
+        got = self._runs.get(id(resource))
+        if got is not None and got[0] is resource:
+            return got[1]
+        run = RunIdentity.from_attributes(resource.attributes)
+        if len(self._runs) >= 1024:
+            self._runs.clear()
+        self._runs[id(resource)] = (resource, run)
+        return run
 
     def build(self, spans: Iterable[ReadableSpan]) -> list[Record]:
         """The records these spans complete.
@@ -439,7 +491,7 @@ class RecordBuilder:
                 if step is not None:
                     out.append(
                         StepMetrics(
-                            RunIdentity.from_attributes(span.resource.attributes),
+                            self._run(span.resource),
                             step,
                             metrics_from_attributes(attrs),
                             span.end_time or time.time_ns(),
@@ -456,7 +508,7 @@ class RecordBuilder:
                 if step is not None:
                     out.append(
                         Generations(
-                            RunIdentity.from_attributes(span.resource.attributes),
+                            self._run(span.resource),
                             step,
                             [(str(i), str(o), _score(s)) for i, o, s in rows],
                             span.end_time or 0,
@@ -468,7 +520,7 @@ class RecordBuilder:
                 config = scrub_secrets(_config(attrs.get(sc.RL_RUN_CONFIG)))
                 out.append(
                     RunStart(
-                        RunIdentity.from_attributes(span.resource.attributes),
+                        self._run(span.resource),
                         config,
                         _rank(span.resource.attributes.get(sc.RL_WORKER_RANK)),
                         span.start_time or 0,
@@ -477,27 +529,37 @@ class RecordBuilder:
                 continue
             tid = span.context.trace_id
             if span.parent is None:
-                group = self._pending.pop(tid, [])
+                group = self._pending.pop(tid, None)
                 kind = attrs.get(sc.RL_SPAN_KIND)
                 if kind in (sc.KIND_STEP, sc.KIND_TIMER):
                     continue  # a step's waterfall is not a trajectory; ops under it are dropped here
-                group.append(span)
-                out.append(self._trajectory(group, span))
+                root = _node(span, attrs)
+                nodes = group.nodes if group is not None else []
+                nodes.append(root)
+                out.append(self._trajectory(nodes, root, span.resource, tid))
                 continue
             if attrs.get(sc.RL_SPAN_KIND) == sc.KIND_TIMER:
                 continue
             held = self._pending.get(tid)
             if held is None:
-                held = self._pending[tid] = []
-                while len(self._pending) > self._max_pending:
-                    _, old = self._pending.popitem(last=False)
-                    out.extend(self._partial(old))
-            held.append(span)
+                held = self._pending[tid] = _Held(span.resource, time.monotonic())
+                if len(self._pending) > self._max_pending:
+                    self._evict(out)
+            held.nodes.append(_node(span, attrs))
         return out
 
-    def pending(self) -> list[list[ReadableSpan]]:
-        """The spans held for trajectories whose root has not ended, per trace (oldest first)."""
-        return list(self._pending.values())
+    def _evict(self, out: list[Record]) -> None:
+        pending = self._pending
+        now = time.monotonic()
+        while len(pending) > self._max_pending:
+            tid = next(iter(pending))
+            if len(pending) <= self._hard_max and now - pending[tid].since < self._min_age_s:
+                return
+            out.extend(self._partial(tid, pending.pop(tid)))
+
+    def pending(self) -> list[list[SpanNode]]:
+        """The spans held for trajectories whose root has not ended, as nodes, per trace (oldest first)."""
+        return [h.nodes for h in self._pending.values()]
 
     def pending_traces(self) -> KeysView[int]:
         """The trace ids of `pending` (a live view)."""
@@ -507,23 +569,24 @@ class RecordBuilder:
         """Traces whose root never ended (process ending): emit what there is."""
         out: list[Record] = []
         while self._pending:
-            _, group = self._pending.popitem(last=False)
-            out.extend(self._partial(group))
+            tid, group = self._pending.popitem(last=False)
+            out.extend(self._partial(tid, group))
         return out
 
-    def _partial(self, group: list[ReadableSpan]) -> list[Record]:
-        return [self._trajectory(group, None)] if group else []
+    def _partial(self, trace_id: int, group: _Held) -> list[Record]:
+        return [self._trajectory(group.nodes, None, group.resource, trace_id)] if group.nodes else []
 
-    def _trajectory(self, spans: list[ReadableSpan], root_span: ReadableSpan | None) -> Trajectory:
-        root, complete = _tree(spans, root_span)
+    def _trajectory(
+        self, nodes: list[SpanNode], root_node: SpanNode | None, resource: Any, trace_id: int
+    ) -> Trajectory:
+        root, complete = _tree(nodes, root_node)
         a = root.attributes
-        res = (root_span or spans[0]).resource.attributes
         step = a.get(sc.RL_STEP)
         si = a.get(sc.RL_SAMPLE_INDEX)
         rn = a.get(sc.RL_ROLLOUT_N)
         return Trajectory(
-            run=RunIdentity.from_attributes(res),
-            trace_id=(root_span or spans[0]).context.trace_id,
+            run=self._run(resource),
+            trace_id=trace_id,
             step=int_or_none(step),
             sample_index=int_or_none(si),
             rollout_n=int_or_none(rn),

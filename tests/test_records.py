@@ -88,3 +88,37 @@ def test_attribute_values_of_the_wrong_type_are_read_by_their_type():
     assert (traj.step, traj.sample_index, traj.rollout_n) == (None, 2, None)
     (op,) = traj.root.children
     assert (op.inputs, op.output) == ("('a', 'b')", "7")
+
+
+def test_a_span_received_twice_counts_once_and_a_span_that_is_its_own_parent_is_an_orphan():
+    """A sender's retry can deliver the same span again; a hand-made span can name itself as parent."""
+    root = _span("trajectory", {sc.RL_STEP: 1}, 0x10)
+    child = _span("tool", {sc.RL_SPAN_KIND: sc.KIND_TOOL}, 0x11, parent=0x10)
+    again = _span("tool", {sc.RL_SPAN_KIND: sc.KIND_TOOL}, 0x11, parent=0x10)
+    selfish = _span("odd", {}, 0x12, parent=0x12)
+    b = RecordBuilder()
+    assert b.build([child, selfish]) == []
+    assert [len(n) for n in b.pending()] == [2]
+    (t,) = b.build([again, root])
+    assert t.complete and t.step == 1
+    assert sorted(n.name for n in t.root.children) == ["odd", "tool"]
+    assert [n.span_id for n in t.root.walk()].count(0x11) == 1
+    assert all(n.children == [] for n in t.root.children)
+    assert not b.pending()
+
+
+def test_beyond_the_pending_bound_only_traces_older_than_min_age_are_cut_into_partials():
+    """The bridge holds roots for a grace period: at a high rate many traces wait at once and must not be cut
+    while their root may still come; a builder without `min_age_s` cuts the oldest at the bound."""
+    children = [_span("tool", {}, 0x100 + t, parent=0x10, trace_id=t + 1) for t in range(30)]
+    roots = [_span("trajectory", {sc.RL_STEP: 1}, 0x10, trace_id=t + 1) for t in range(30)]
+    patient = RecordBuilder(max_pending_traces=4, min_age_s=60.0)
+    assert patient.build(children) == []  # 30 pending, none old enough to cut
+    done = patient.build(roots)
+    assert len(done) == 30 and all(t.complete and len(t.root.children) == 1 for t in done)
+    hasty = RecordBuilder(max_pending_traces=4)
+    cut = hasty.build(children)
+    assert len(cut) == 26 and not any(t.complete for t in cut)
+    assert len(hasty.pending()) == 4
+    hard = RecordBuilder(max_pending_traces=2, min_age_s=60.0)  # ten times the bound: cut whatever the age
+    assert len(hard.build(children)) == 10 and len(hard.pending()) == 20

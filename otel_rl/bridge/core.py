@@ -40,7 +40,7 @@ from .._delivery import DeliveryQueue
 from .._pipeline import Pipeline
 from .._values import warn_once
 from ..exporters.base import Exporter
-from ..records import RunIdentity
+from ..records import RecordBuilder, RunIdentity
 from . import decode as _decode
 from ._inflate import Budget
 from .sinks import Delivered, ForwardExporter, Raw, SizedBatch, create_exporters
@@ -57,6 +57,8 @@ M_SPANS = "otel_rl.bridge.spans"
 M_METRIC_POINTS = "otel_rl.bridge.metric_points"
 M_BYTES = "otel_rl.bridge.received_bytes"
 M_RUNS = "otel_rl.bridge.runs"
+# seconds beyond the root grace a trace may wait for its root before the record builder's bound applies
+PENDING_MARGIN_S = 10.0
 M_BACKLOG = "otel_rl.bridge.pipeline.backlog"
 M_PIPELINE_DROPPED = "otel_rl.bridge.pipeline.dropped"
 M_LATENCY = "otel_rl.bridge.delivery.latency"
@@ -165,7 +167,7 @@ class RootHold:
     _STANDALONE = frozenset({sc.SPAN_LOG, sc.SPAN_GENERATIONS, sc.SPAN_RUN})  # records by themselves
 
     def __init__(self, submit: Any, grace_s: float):
-        self._submit = submit
+        self._submit = submit  # takes a list of spans, in order
         self.grace_s = grace_s
         self._held: deque[tuple[float, Any]] = deque()
         self._cond = threading.Condition()
@@ -178,19 +180,21 @@ class RootHold:
 
     def add(self, spans: Sequence[Any]) -> None:
         """Submit `spans` in order, except root spans, which are held for the grace period."""
-        submit = self._submit
         due = time.monotonic() + self.grace_s
+        standalone = self._STANDALONE
+        passing = []
         held = []
         for span in spans:
-            if span.parent is None and span.name not in self._STANDALONE:
+            if span.parent is None and span.name not in standalone:
                 held.append((due, span))
             else:
-                submit(span)
+                passing.append(span)
+        if passing:
+            self._submit(passing)
         if held:
             with self._cond:
                 if self._stop:
-                    for _, span in held:
-                        submit(span)
+                    self._submit([span for _, span in held])
                     return
                 self._held.extend(held)
                 self._cond.notify()
@@ -206,8 +210,7 @@ class RootHold:
                 batch = []
                 while self._held and (self._stop or self._held[0][0] <= now):
                     batch.append(self._held.popleft()[1])
-            for span in batch:
-                self._submit(span)
+            self._submit(batch)
 
     def release_all(self, timeout_s: float = 10.0) -> None:
         """Shutting down: submit what is held now (the receivers are closed by then)."""
@@ -255,10 +258,18 @@ class Bridge:
         inner = list(exporters) if exporters is not None else create_exporters(settings.exporters, self.config)
         latency = self._start_metrics()
         self.exporters = [e if isinstance(e, Delivered) else Delivered(e, latency) for e in inner]
+        # the children of a trajectory wait for its root, which waits `root_grace_s` here: at a high span rate
+        # many traces are pending at once, and none may be cut into a partial trajectory for that
+        builder = RecordBuilder(min_age_s=settings.root_grace_s + PENDING_MARGIN_S)
         self.pipeline = Pipeline(
-            self.config, Resource({}), self.exporters, None, InstrumentationScope("otel_rl.bridge", __version__)
+            self.config,
+            Resource({}),
+            self.exporters,
+            None,
+            InstrumentationScope("otel_rl.bridge", __version__),
+            builder=builder,
         )
-        self.roots = RootHold(self.pipeline.submit, settings.root_grace_s) if settings.root_grace_s > 0 else None
+        self.roots = RootHold(self.pipeline.submit_spans, settings.root_grace_s) if settings.root_grace_s > 0 else None
         self.forward: DeliveryQueue | None = None
         if settings.forward_endpoint:
             fwd = ForwardExporter(settings.forward_endpoint, settings.forward_headers)
@@ -425,9 +436,7 @@ class Bridge:
             if self.roots is not None:
                 self.roots.add(decoded.spans)
             else:
-                submit = self.pipeline.submit
-                for span in decoded.spans:
-                    submit(span)
+                self.pipeline.submit_spans(decoded.spans)
             self.counters.add(self.counters.spans, (transport, "accepted", ""), len(decoded.spans))
             for reason, n in decoded.reasons.items():
                 self.counters.add(self.counters.spans, (transport, "rejected", reason), n)
