@@ -139,6 +139,7 @@ def same_scope(got, want) -> None:
     if want is None:
         assert got is None
         return
+    assert got is not None
     assert (got.name, got.version, got.schema_url) == (want.name, want.version, want.schema_url)
     same_attrs(got.attributes, want.attributes)
 
@@ -183,10 +184,18 @@ def same_spans(got: list, want: list) -> None:
     by_key = {(s.context.trace_id, s.context.span_id, id(s)): s for s in want}
     remaining = list(by_key.values())
     for g in got:
-        match = next(w for w in remaining if (w.context.trace_id, w.context.span_id, w.name, w.start_time)
-                     == (g.context.trace_id, g.context.span_id, g.name, g.start_time))
-        remaining.remove(match)
-        same_span(g, match)
+        candidates = [w for w in remaining if (w.context.trace_id, w.context.span_id, w.name, w.start_time)
+                      == (g.context.trace_id, g.context.span_id, g.name, g.start_time)]
+        assert candidates, g.name
+        for i, w in enumerate(candidates):  # spans may share all four (hypothesis makes such batches)
+            try:
+                same_span(g, w)
+            except AssertionError:
+                if i == len(candidates) - 1:
+                    raise
+                continue
+            remaining.remove(w)
+            break
 
 
 FAST = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
