@@ -20,7 +20,7 @@ import json
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, KeysView, Mapping, Sequence
+from collections.abc import Callable, Iterable, KeysView, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from opentelemetry.trace import StatusCode
@@ -441,6 +441,10 @@ def _config(text: AttributeValue | None) -> dict[str, object]:
     return config if isinstance(config, dict) else {}
 
 
+#: names of the spans that can be records by themselves (a log() call, a generations table, the run start)
+RECORD_SPAN_NAMES = frozenset({sc.SPAN_LOG, sc.SPAN_GENERATIONS, sc.SPAN_RUN})
+
+
 def is_record_span(span: ReadableSpan) -> bool:
     """A span that `RecordBuilder` turns into a record of its own (a log() call, a generations table,
     the run start) rather than a part of a trajectory."""
@@ -453,10 +457,17 @@ def is_record_span(span: ReadableSpan) -> bool:
 class RecordBuilder:
     """Stateful: spans of a trajectory are held until its root span ends."""
 
-    def __init__(self, max_pending_traces: int = 10_000, min_age_s: float = 0.0):
+    def __init__(
+        self,
+        max_pending_traces: int = 10_000,
+        min_age_s: float = 0.0,
+        node: Callable[[ReadableSpan], SpanNode] | None = None,
+    ):
         """Beyond `max_pending_traces` traces waiting for their root, the oldest is emitted as a partial
         trajectory -- once it has waited `min_age_s` (where roots are known to come late: the bridge
-        holds them for its root grace), or at ten times the bound whatever its age."""
+        holds them for its root grace), or at ten times the bound whatever its age.  `node`: what makes
+        a span's node, `_node` by default (the bridge's C decoder has one for the spans it makes)."""
+        self._node = node if node is not None else _node
         self._pending: OrderedDict[int, _Held] = OrderedDict()
         self._max_pending = max_pending_traces
         self._min_age_s = min_age_s
@@ -483,70 +494,83 @@ class RecordBuilder:
         number is left out, a score that is no number reads as NaN, and a run config that is no JSON
         object reads as empty."""
         out: list[Record] = []
+        node = self._node
+        pending = self._pending
         for span in spans:
             name = span.name
-            attrs: Mapping[str, AttributeValue] = span.attributes or {}
-            if name == sc.SPAN_LOG and sc.RL_STEP in attrs:
-                step = int_or_none(attrs[sc.RL_STEP])
-                if step is not None:
-                    out.append(
-                        StepMetrics(
-                            self._run(span.resource),
-                            step,
-                            metrics_from_attributes(attrs),
-                            span.end_time or time.time_ns(),
-                        )
-                    )
+            if name in RECORD_SPAN_NAMES and self._record(span, name, out):
                 continue
-            if name == sc.SPAN_GENERATIONS and sc.RL_STEP in attrs:
-                step = int_or_none(attrs[sc.RL_STEP])
-                rows = zip(
-                    _array(attrs.get(sc.RL_GENERATIONS_INPUTS)),
-                    _array(attrs.get(sc.RL_GENERATIONS_OUTPUTS)),
-                    _array(attrs.get(sc.RL_GENERATIONS_SCORES)),
-                )
-                if step is not None:
-                    out.append(
-                        Generations(
-                            self._run(span.resource),
-                            step,
-                            [(str(i), str(o), _score(s)) for i, o, s in rows],
-                            span.end_time or 0,
-                        )
-                    )
-                continue
-            if name == sc.SPAN_RUN and span.parent is None:
-                # redacted again: a sender (another program, an older otel-rl) may not have done it
-                config = scrub_secrets(_config(attrs.get(sc.RL_RUN_CONFIG)))
-                out.append(
-                    RunStart(
-                        self._run(span.resource),
-                        config,
-                        _rank(span.resource.attributes.get(sc.RL_WORKER_RANK)),
-                        span.start_time or 0,
-                    )
-                )
-                continue
+            n = node(span)
+            kind = n.kind
             tid = span.context.trace_id
-            if span.parent is None:
-                group = self._pending.pop(tid, None)
-                kind = attrs.get(sc.RL_SPAN_KIND)
-                if kind in (sc.KIND_STEP, sc.KIND_TIMER):
+            if n.parent_id is None:
+                group = pending.pop(tid, None)
+                if kind == sc.KIND_STEP or kind == sc.KIND_TIMER:
                     continue  # a step's waterfall is not a trajectory; ops under it are dropped here
-                root = _node(span, attrs)
                 nodes = group.nodes if group is not None else []
-                nodes.append(root)
-                out.append(self._trajectory(nodes, root, span.resource, tid))
+                nodes.append(n)
+                out.append(self._trajectory(nodes, n, span.resource, tid))
                 continue
-            if attrs.get(sc.RL_SPAN_KIND) == sc.KIND_TIMER:
+            if kind == sc.KIND_TIMER:
                 continue
-            held = self._pending.get(tid)
+            held = pending.get(tid)
             if held is None:
-                held = self._pending[tid] = _Held(span.resource, time.monotonic())
-                if len(self._pending) > self._max_pending:
+                held = pending[tid] = _Held(span.resource, time.monotonic())
+                if len(pending) > self._max_pending:
                     self._evict(out)
-            held.nodes.append(_node(span, attrs))
+            held.nodes.append(n)
         return out
+
+    def _record(self, span: ReadableSpan, name: str, out: list[Record]) -> bool:
+        """Whether `span` is a record span (a log() call, a generations table, the run start); its record,
+        if it makes one, appended to `out`."""
+        attrs: Mapping[str, AttributeValue] = span.attributes or {}
+        if name == sc.SPAN_LOG:
+            if sc.RL_STEP not in attrs:
+                return False
+            step = int_or_none(attrs[sc.RL_STEP])
+            if step is not None:
+                out.append(
+                    StepMetrics(
+                        self._run(span.resource),
+                        step,
+                        metrics_from_attributes(attrs),
+                        span.end_time or time.time_ns(),
+                    )
+                )
+            return True
+        if name == sc.SPAN_GENERATIONS:
+            if sc.RL_STEP not in attrs:
+                return False
+            step = int_or_none(attrs[sc.RL_STEP])
+            rows = zip(
+                _array(attrs.get(sc.RL_GENERATIONS_INPUTS)),
+                _array(attrs.get(sc.RL_GENERATIONS_OUTPUTS)),
+                _array(attrs.get(sc.RL_GENERATIONS_SCORES)),
+            )
+            if step is not None:
+                out.append(
+                    Generations(
+                        self._run(span.resource),
+                        step,
+                        [(str(i), str(o), _score(s)) for i, o, s in rows],
+                        span.end_time or 0,
+                    )
+                )
+            return True
+        if span.parent is not None:  # (an `rl.run` span under another is part of its trajectory)
+            return False
+        # redacted again: a sender (another program, an older otel-rl) may not have done it
+        config = scrub_secrets(_config(attrs.get(sc.RL_RUN_CONFIG)))
+        out.append(
+            RunStart(
+                self._run(span.resource),
+                config,
+                _rank(span.resource.attributes.get(sc.RL_WORKER_RANK)),
+                span.start_time or 0,
+            )
+        )
+        return True
 
     def _evict(self, out: list[Record]) -> None:
         pending = self._pending

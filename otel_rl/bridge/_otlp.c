@@ -17,9 +17,14 @@
  * occurs twice is merged, a known field with an unexpected wire type is an unknown field, unknown fields
  * (groups too) are skipped, strings must be UTF-8.  A body that is not valid wire format raises the
  * `DecodeError` given to `configure`.
+ *
+ * `node(span, attributes)` is the record builder's `_node` (otel_rl/records.py) for the spans made here: it
+ * reads their instance attributes directly and fills a `SpanNode`'s slots; any other span goes to the
+ * Python `_node` given to `configure_nodes`.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -490,6 +495,7 @@ typedef struct {
     PyObject *resource;
     PyObject *scope;
     PyObject *spans;  /* list: the decoded spans */
+    PyObject *roots;  /* list or NULL: where parentless spans other than record spans go instead */
     PyObject *reject; /* callable(reason) */
     PyObject *refuse; /* a reason every span of this scope is refused for (its resource cannot make records) */
     uint8_t last_tid[16];
@@ -760,8 +766,18 @@ static int span(Ctx *c, Buf *b, int depth) {
             if (r == NULL)
                 goto done;
             Py_DECREF(r);
-        } else if (PyList_Append(c->spans, out) < 0)
-            goto done;
+        } else {
+            PyObject *to = c->spans;
+            if (c->roots != NULL && !plen) {
+                int rec = PySet_Contains(CheckedNames, n);
+                if (rec < 0)
+                    goto done;
+                if (!rec)
+                    to = c->roots;
+            }
+            if (PyList_Append(to, out) < 0)
+                goto done;
+        }
         ret = 0;
         goto done;
     done_sm:
@@ -847,7 +863,8 @@ static int span(Ctx *c, Buf *b, int depth) {
     Py_XDECREF(parent);
     Py_DECREF(st_);
     Py_DECREF(en_);
-    if (ok && PyList_Append(c->spans, out) == 0)
+    /* (a plain span is no record span: those are checked further, in Python) */
+    if (ok && PyList_Append(c->roots != NULL && !plen ? c->roots : c->spans, out) == 0)
         ret = 0;
 done:
     Py_XDECREF(out);
@@ -955,16 +972,23 @@ out:
 
 static PyObject *decode(PyObject *self, PyObject *args) {
     Py_buffer body;
-    PyObject *spans, *resources, *rej;
+    PyObject *spans, *resources, *rej, *roots = Py_None;
     if (!configured) {
         PyErr_SetString(PyExc_RuntimeError, "otel_rl.bridge._otlp is not configured");
         return NULL;
     }
-    if (!PyArg_ParseTuple(args, "y*O!O!O:decode", &body, &PyList_Type, &spans, &PyList_Type, &resources, &rej))
+    if (!PyArg_ParseTuple(args, "y*O!O!O|O:decode", &body, &PyList_Type, &spans, &PyList_Type, &resources, &rej,
+                          &roots))
         return NULL;
+    if (roots != Py_None && !PyList_Check(roots)) {
+        PyBuffer_Release(&body);
+        PyErr_SetString(PyExc_TypeError, "roots must be a list or None");
+        return NULL;
+    }
     Ctx c;
     memset(&c, 0, sizeof c);
     c.spans = spans;
+    c.roots = roots == Py_None ? NULL : roots;
     c.reject = rej;
     Buf b = {(const uint8_t *)body.buf, (const uint8_t *)body.buf + body.len};
     int ret = 0;
@@ -1046,12 +1070,232 @@ static PyObject *configure(PyObject *self, PyObject *args, PyObject *kw) {
     Py_RETURN_NONE;
 }
 
+/* ---------------------------------------------------------------------------------- record nodes */
+
+enum { N_NAME, N_KIND, N_SPAN_ID, N_PARENT_ID, N_START, N_END, N_ATTRIBUTES, N_INPUTS, N_OUTPUT, N_STATUS,
+       N_STATUS_MESSAGE, N_EVENTS, N_CHILDREN, N_FIELDS };
+
+static PyTypeObject *NodeType;        /* otel_rl.records.SpanNode (slots) */
+static Py_ssize_t NodeOffsets[N_FIELDS]; /* where each field's slot lies in a SpanNode */
+static PyObject *NodeFallback;        /* the Python `_node(span, attributes)` */
+static PyObject *KeyKind, *KeyInputs, *KeyOutput, *KindDefault, *TextOk, *TextUnset, *StatusOkText, *StatusUnsetText;
+static PyObject *SpanAttr[N_ARGS];    /* the instance attribute holding each of ReadableSpan's arguments */
+static int nodes_configured = 0;
+
+/* A span's instance attribute `name` (borrowed; NULL when absent, without an exception). */
+static PyObject *field_of(PyObject *dict, int arg) {
+    PyObject *v = PyDict_GetItemWithError(dict, SpanAttr[arg]);
+    if (v == NULL && PyErr_Occurred())
+        PyErr_Clear();
+    return v;
+}
+
+/* `dict.pop(key, None)` into *out (a new reference, NULL when absent); -1 on an error. */
+static int pop_key(PyObject *dict, PyObject *key, PyObject **out) {
+    PyObject *v = PyDict_GetItemWithError(dict, key);
+    *out = NULL;
+    if (v == NULL)
+        return PyErr_Occurred() ? -1 : 0;
+    Py_INCREF(v);
+    if (PyDict_DelItem(dict, key) < 0) {
+        Py_DECREF(v);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+/* The node of a span made by `decode` (a dict of attributes, status OK or UNSET, no events), or NULL without an
+ * exception when `span` is any other span.  NULL with an exception on an error. */
+static PyObject *fast_node(PyObject *span) {
+    if (Py_TYPE(span) != (PyTypeObject *)SpanType)
+        return NULL;
+    PyObject *d = PyObject_GenericGetDict(span, NULL);
+    if (d == NULL) {
+        PyErr_Clear();
+        return NULL;
+    }
+    PyObject *node = NULL, *attrs = NULL, *inputs = NULL, *output = NULL, *children = NULL, *events = NULL;
+    PyObject *name = field_of(d, A_NAME), *ctx = field_of(d, A_CONTEXT), *parent = field_of(d, A_PARENT);
+    PyObject *src = field_of(d, A_ATTRIBUTES), *st = field_of(d, A_STATUS), *ev = field_of(d, A_EVENTS);
+    PyObject *start = field_of(d, A_START), *end = field_of(d, A_END);
+    if (name == NULL || ctx == NULL || parent == NULL || src == NULL || st == NULL || ev == NULL || start == NULL ||
+        end == NULL || (start != Py_None && !PyLong_CheckExact(start)) || (end != Py_None && !PyLong_CheckExact(end)) ||
+        !PyDict_CheckExact(src) || !PyObject_TypeCheck(ctx, (PyTypeObject *)ContextType) ||
+        PyTuple_GET_SIZE(ctx) < 2 || (st != StatusOk && st != StatusUnset) || !PyTuple_Check(ev) ||
+        PyTuple_GET_SIZE(ev) != 0 || (parent != Py_None && (!PyObject_TypeCheck(parent, (PyTypeObject *)ContextType) ||
+                                                           PyTuple_GET_SIZE(parent) < 2)))
+        goto other;
+    attrs = PyDict_Copy(src);
+    if (attrs == NULL)
+        goto error;
+    PyObject *kind = PyDict_GetItemWithError(attrs, KeyKind); /* borrowed */
+    if (kind == NULL && PyErr_Occurred())
+        goto error;
+    kind = kind == NULL ? (Py_INCREF(KindDefault), KindDefault) : PyUnicode_CheckExact(kind) ? (Py_INCREF(kind), kind)
+                                                                                          : PyObject_Str(kind);
+    if (kind == NULL)
+        goto error;
+    if (pop_key(attrs, KeyInputs, &inputs) < 0 || pop_key(attrs, KeyOutput, &output) < 0) {
+        Py_DECREF(kind);
+        goto error;
+    }
+    PyObject **texts[2] = {&inputs, &output};
+    for (int i = 0; i < 2; i++) {
+        PyObject *t = *texts[i];
+        if (t == NULL) {
+            *texts[i] = Py_NewRef(Py_None);
+        } else if (t != Py_None && !PyUnicode_CheckExact(t)) {
+            *texts[i] = PyObject_Str(t);
+            Py_DECREF(t);
+            if (*texts[i] == NULL) {
+                Py_DECREF(kind);
+                goto error;
+            }
+        }
+    }
+    children = PyList_New(0);
+    events = PyList_New(0);
+    node = children && events ? NodeType->tp_alloc(NodeType, 0) : NULL;
+    if (node == NULL) {
+        Py_DECREF(kind);
+        goto error;
+    }
+    PyObject *zero = NULL;
+    PyObject *vals[N_FIELDS];
+    vals[N_NAME] = name;
+    vals[N_KIND] = kind;
+    vals[N_SPAN_ID] = PyTuple_GET_ITEM(ctx, 1);
+    vals[N_PARENT_ID] = parent == Py_None ? Py_None : PyTuple_GET_ITEM(parent, 1);
+    if ((start == Py_None || end == Py_None) && (zero = PyLong_FromLong(0)) == NULL) {
+        Py_DECREF(kind);
+        goto error;
+    }
+    vals[N_START] = start == Py_None ? zero : start;
+    vals[N_END] = end == Py_None ? zero : end;
+    vals[N_ATTRIBUTES] = attrs;
+    vals[N_INPUTS] = inputs;
+    vals[N_OUTPUT] = output;
+    vals[N_STATUS] = st == StatusOk ? TextOk : TextUnset;
+    vals[N_STATUS_MESSAGE] = st == StatusOk ? StatusOkText : StatusUnsetText;
+    vals[N_EVENTS] = events;
+    vals[N_CHILDREN] = children;
+    for (int i = 0; i < N_FIELDS; i++)
+        *(PyObject **)((char *)node + NodeOffsets[i]) = Py_NewRef(vals[i]);
+    Py_DECREF(kind);
+    Py_XDECREF(zero);
+    goto done;
+error:
+    Py_CLEAR(node);
+    goto done;
+other:
+    Py_DECREF(d);
+    return NULL;
+done:
+    Py_DECREF(d);
+    Py_XDECREF(attrs);
+    Py_XDECREF(inputs);
+    Py_XDECREF(output);
+    Py_XDECREF(children);
+    Py_XDECREF(events);
+    return node;
+}
+
+static PyObject *node(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (!nodes_configured || !configured) {
+        PyErr_SetString(PyExc_RuntimeError, "otel_rl.bridge._otlp: nodes are not configured");
+        return NULL;
+    }
+    if (nargs < 1 || nargs > 2) {
+        PyErr_SetString(PyExc_TypeError, "node(span, attributes=None)");
+        return NULL;
+    }
+    PyObject *out = fast_node(args[0]);
+    if (out != NULL || PyErr_Occurred())
+        return out;
+    return PyObject_Vectorcall(NodeFallback, args, nargs, NULL);
+}
+
+static PyObject *configure_nodes(PyObject *self, PyObject *args, PyObject *kw) {
+    static char *names[] = {"node_type", "fields", "fallback", "kind_key", "inputs_key", "output_key",
+                            "kind_default", NULL};
+    PyObject *type, *fields, *fallback, *kk, *ik, *ok, *kd;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O!O!OUUUU:configure_nodes", names, &PyType_Type, &type, &PyTuple_Type,
+                                     &fields, &fallback, &kk, &ik, &ok, &kd))
+        return NULL;
+    if (!configured) {
+        PyErr_SetString(PyExc_RuntimeError, "configure() first");
+        return NULL;
+    }
+    if (PyTuple_GET_SIZE(fields) != N_FIELDS) {
+        PyErr_SetString(PyExc_ValueError, "fields: the 13 fields of SpanNode, in order");
+        return NULL;
+    }
+    Py_ssize_t offsets[N_FIELDS];
+    for (int i = 0; i < N_FIELDS; i++) {
+        PyObject *descr = PyObject_GetAttr(type, PyTuple_GET_ITEM(fields, i));
+        if (descr == NULL)
+            return NULL;
+        int slot = Py_IS_TYPE(descr, &PyMemberDescr_Type) &&
+                   ((PyMemberDescrObject *)descr)->d_member->type == T_OBJECT_EX &&
+                   !(((PyMemberDescrObject *)descr)->d_member->flags & READONLY);
+        if (slot)
+            offsets[i] = ((PyMemberDescrObject *)descr)->d_member->offset;
+        Py_DECREF(descr);
+        if (!slot) {
+            PyErr_SetString(PyExc_TypeError, "node_type's fields must be slots");
+            return NULL;
+        }
+    }
+    PyObject *attr_of[N_ARGS] = {NULL};
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(SpanAttrNames); i++)
+        attr_of[PyLong_AsLong(PyTuple_GET_ITEM(SpanAttrArgs, i))] = PyTuple_GET_ITEM(SpanAttrNames, i);
+    int need[] = {A_NAME, A_CONTEXT, A_PARENT, A_ATTRIBUTES, A_STATUS, A_EVENTS, A_START, A_END};
+    for (size_t i = 0; i < sizeof need / sizeof need[0]; i++) {
+        if (attr_of[need[i]] == NULL) {
+            PyErr_SetString(PyExc_ValueError, "ReadableSpan keeps a field nodes need under no attribute");
+            return NULL;
+        }
+    }
+    PyObject *ok_text = PyObject_GetAttrString(StatusOk, "description");
+    PyObject *unset_text = ok_text ? PyObject_GetAttrString(StatusUnset, "description") : NULL;
+    PyObject *t_ok = unset_text ? PyUnicode_InternFromString("OK") : NULL;
+    PyObject *t_unset = t_ok ? PyUnicode_InternFromString("UNSET") : NULL;
+    if (t_unset == NULL) {
+        Py_XDECREF(ok_text);
+        Py_XDECREF(unset_text);
+        Py_XDECREF(t_ok);
+        return NULL;
+    }
+    for (int i = 0; i < N_ARGS; i++)
+        Py_XSETREF(SpanAttr[i], Py_XNewRef(attr_of[i]));
+    for (int i = 0; i < N_FIELDS; i++)
+        NodeOffsets[i] = offsets[i];
+    Py_XSETREF(StatusOkText, ok_text);
+    Py_XSETREF(StatusUnsetText, unset_text);
+    Py_XSETREF(TextOk, t_ok);
+    Py_XSETREF(TextUnset, t_unset);
+    Py_XSETREF(NodeType, (PyTypeObject *)Py_NewRef(type));
+    Py_XSETREF(NodeFallback, Py_NewRef(fallback));
+    Py_XSETREF(KeyKind, Py_NewRef(kk));
+    Py_XSETREF(KeyInputs, Py_NewRef(ik));
+    Py_XSETREF(KeyOutput, Py_NewRef(ok));
+    Py_XSETREF(KindDefault, Py_NewRef(kd));
+    nodes_configured = 1;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"configure", (PyCFunction)(void (*)(void))configure, METH_VARARGS | METH_KEYWORDS,
      "Set the types and callbacks `decode` uses (otel_rl.bridge.decode does)."},
     {"decode", decode, METH_VARARGS,
-     "decode(body, spans, resources, reject): an ExportTraceServiceRequest's spans appended to `spans`, "
-     "its resources to `resources`; `reject(reason)` for each span refused."},
+     "decode(body, spans, resources, reject, roots=None): an ExportTraceServiceRequest's spans appended to "
+     "`spans`, its resources to `resources`; `reject(reason)` for each span refused.  With a `roots` list, "
+     "the parentless spans other than record spans (configure's checked_names) go there instead."},
+    {"configure_nodes", (PyCFunction)(void (*)(void))configure_nodes, METH_VARARGS | METH_KEYWORDS,
+     "Set the node type, its fields and the Python `_node` that `node` uses."},
+    {"node", (PyCFunction)(void (*)(void))node, METH_FASTCALL,
+     "node(span, attributes=None): the record builder's SpanNode of `span` (records._node)."},
     {NULL, NULL, 0, NULL},
 };
 

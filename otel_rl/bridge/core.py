@@ -162,41 +162,33 @@ def _by_reason(spans: dict[tuple[str, str, str], int]) -> dict[str, int]:
 
 
 class RootHold:
-    """Holds parentless spans for `grace_s` before submitting them, in arrival order."""
-
-    _STANDALONE = frozenset({sc.SPAN_LOG, sc.SPAN_GENERATIONS, sc.SPAN_RUN})  # records by themselves
+    """Holds the spans that begin trajectories for `grace_s` before submitting them, in arrival order."""
 
     def __init__(self, submit: Any, grace_s: float):
         self._submit = submit  # takes a list of spans, in order
         self.grace_s = grace_s
-        self._held: deque[tuple[float, Any]] = deque()
+        self._held: deque[tuple[float, Sequence[Any]]] = deque()  # (due, the roots of one request)
+        self._count = 0  # spans held
         self._cond = threading.Condition()
         self._stop = False
         self._thread = threading.Thread(target=self._run, name="otel-rl-bridge-roots", daemon=True)
         self._thread.start()
 
     def __len__(self) -> int:
-        return len(self._held)
+        return self._count
 
-    def add(self, spans: Sequence[Any]) -> None:
-        """Submit `spans` in order, except root spans, which are held for the grace period."""
-        due = time.monotonic() + self.grace_s
-        standalone = self._STANDALONE
-        passing = []
-        held = []
-        for span in spans:
-            if span.parent is None and span.name not in standalone:
-                held.append((due, span))
-            else:
-                passing.append(span)
-        if passing:
-            self._submit(passing)
-        if held:
+    def add(self, spans: Sequence[Any], roots: Sequence[Any]) -> None:
+        """Submit `spans` now, and `roots` (the spans that begin trajectories) after the grace period."""
+        if spans:
+            self._submit(spans)
+        if roots:
+            due = time.monotonic() + self.grace_s
             with self._cond:
                 if self._stop:
-                    self._submit([span for _, span in held])
+                    self._submit(roots)
                     return
-                self._held.extend(held)
+                self._held.append((due, roots))
+                self._count += len(roots)
                 self._cond.notify()
 
     def _run(self) -> None:
@@ -207,9 +199,10 @@ class RootHold:
                 if self._stop and not self._held:
                     return
                 now = time.monotonic()
-                batch = []
+                batch: list[Any] = []
                 while self._held and (self._stop or self._held[0][0] <= now):
-                    batch.append(self._held.popleft()[1])
+                    batch.extend(self._held.popleft()[1])
+                self._count -= len(batch)
             self._submit(batch)
 
     def release_all(self, timeout_s: float = 10.0) -> None:
@@ -260,7 +253,7 @@ class Bridge:
         self.exporters = [e if isinstance(e, Delivered) else Delivered(e, latency) for e in inner]
         # the children of a trajectory wait for its root, which waits `root_grace_s` here: at a high span rate
         # many traces are pending at once, and none may be cut into a partial trajectory for that
-        builder = RecordBuilder(min_age_s=settings.root_grace_s + PENDING_MARGIN_S)
+        builder = RecordBuilder(min_age_s=settings.root_grace_s + PENDING_MARGIN_S, node=_decode.node_maker)
         self.pipeline = Pipeline(
             self.config,
             Resource({}),
@@ -431,13 +424,15 @@ class Bridge:
                     self._busy_at,
                 )
                 raise Busy("exporters are behind; retry later")
-            decoded = _decode.decode_traces(body, json_body)
+            roots = self.roots
+            decoded = _decode.decode_traces(body, json_body, roots=roots is not None)
             self._note_runs(decoded.resources, transport)
-            if self.roots is not None:
-                self.roots.add(decoded.spans)
+            if roots is not None:
+                roots.add(decoded.spans, decoded.roots)
             else:
                 self.pipeline.submit_spans(decoded.spans)
-            self.counters.add(self.counters.spans, (transport, "accepted", ""), len(decoded.spans))
+            accepted = len(decoded.spans) + len(decoded.roots)
+            self.counters.add(self.counters.spans, (transport, "accepted", ""), accepted)
             for reason, n in decoded.reasons.items():
                 self.counters.add(self.counters.spans, (transport, "rejected", reason), n)
                 warn_once(
@@ -446,9 +441,7 @@ class Bridge:
                     "their request was accepted (further ones are counted, not logged)",
                     reason,
                 )
-            result = IngestResult(
-                len(decoded.spans), decoded.rejected, decoded.error_message() if decoded.rejected else ""
-            )
+            result = IngestResult(accepted, decoded.rejected, decoded.error_message() if decoded.rejected else "")
         else:
             summary = _decode.decode_metrics(body, json_body)
             self.counters.add(self.counters.points, transport, summary.points)

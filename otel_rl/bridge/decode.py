@@ -42,6 +42,8 @@ from opentelemetry.sdk.util import BoundedList
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
+from .. import semconv as sc
+from ..records import RECORD_SPAN_NAMES as _RECORD_NAMES  # record spans: not parts or roots of trajectories
 from .validate import TYPED, needs_check, resource_problem, span_problem
 
 __all__ = [
@@ -183,10 +185,12 @@ def _trace_state(text: str) -> TraceState:
 class DecodedTraces:
     """The spans of one request, plus what had to be rejected."""
 
-    __slots__ = ("spans", "rejected", "reasons", "resources")
+    __slots__ = ("spans", "roots", "rejected", "reasons", "resources")
 
     def __init__(self) -> None:
         self.spans: list[ReadableSpan] = []
+        # (`decode_traces(..., roots=True)`: the spans that begin trajectories, apart from `spans`)
+        self.roots: list[ReadableSpan] = []
         self.resources: list[Resource] = []  # one per ResourceSpans (the run identities of the request)
         self.rejected = 0
         self.reasons: dict[str, int] = {}
@@ -461,7 +465,6 @@ def _configure_c() -> bool:
     layout = _span_layout() if _otlp is not None else None
     if layout is None:
         return False
-    from .. import semconv as sc
 
     _otlp.configure(
         decode_error=DecodeError,
@@ -475,7 +478,7 @@ def _configure_c() -> bool:
         status_ok=_OK,
         kinds=[_KINDS[i] for i in range(len(_KINDS))],
         typed=dict(TYPED),
-        checked_names={sc.SPAN_RUN, sc.SPAN_LOG, sc.SPAN_GENERATIONS},
+        checked_names=set(_RECORD_NAMES),
         finish=span_from_fields,
         resource=_cache.resource_bytes,
         scope=_cache.scope_bytes,
@@ -483,12 +486,64 @@ def _configure_c() -> bool:
     return True
 
 
+def _configure_c_nodes() -> Any:
+    """The record builder's node maker for the spans the C decoder makes (records._node for any other);
+    None without the C decoder, or when SpanNode's fields are not the ones it fills."""
+    if not NATIVE:
+        return None
+    import dataclasses
+
+    from .. import records
+
+    fields = tuple(f.name for f in dataclasses.fields(records.SpanNode))
+    if fields != _NODE_FIELDS:  # pragma: no cover - SpanNode changed without the C side
+        return None
+    _otlp.configure_nodes(
+        node_type=records.SpanNode,
+        fields=fields,
+        fallback=records._node,
+        kind_key=sc.RL_SPAN_KIND,
+        inputs_key=sc.RL_OP_INPUTS,
+        output_key=sc.RL_OP_OUTPUT,
+        kind_default=sc.KIND_CHAIN,
+    )
+    return _otlp.node
+
+
+# the fields `_otlp.node` fills, in its order
+_NODE_FIELDS = (
+    "name",
+    "kind",
+    "span_id",
+    "parent_id",
+    "start_ns",
+    "end_ns",
+    "attributes",
+    "inputs",
+    "output",
+    "status",
+    "status_message",
+    "events",
+    "children",
+)
+
 NATIVE = _configure_c()  # whether protobuf bodies are decoded by `otel_rl.bridge._otlp`
+#: `records._node` in C for the spans `_otlp` makes (the bridge's record builder uses it); None without it
+node_maker = _configure_c_nodes()
 
 
-def _decode_native(body: bytes) -> DecodedTraces:
+def _decode_native(body: bytes, roots: bool) -> DecodedTraces:
     out = DecodedTraces()
-    _otlp.decode(body, out.spans, out.resources, out.reject)
+    _otlp.decode(body, out.spans, out.resources, out.reject, out.roots if roots else None)
+    return out
+
+
+def _split_roots(out: DecodedTraces) -> DecodedTraces:
+    """`out`'s parentless spans other than record spans moved to `out.roots` (order kept in each)."""
+    spans: list[ReadableSpan] = []
+    for span in out.spans:
+        (out.roots if span.parent is None and span.name not in _RECORD_NAMES else spans).append(span)
+    out.spans = spans
     return out
 
 
@@ -563,19 +618,24 @@ def parse_metrics(body: bytes, json_body: bool = False) -> Any:
     return _parse_json(body, msg) if json_body else _parse_protobuf(body, msg)
 
 
-def decode_traces(body: bytes, json_body: bool = False, native: bool | None = None) -> DecodedTraces:
+def decode_traces(
+    body: bytes, json_body: bool = False, native: bool | None = None, roots: bool = False
+) -> DecodedTraces:
     """A `/v1/traces` body (protobuf or OTLP/JSON) -> ReadableSpans.  Protobuf is decoded in C where the
-    extension is built (`native`: force one decoder or the other, for tests)."""
+    extension is built (`native`: force one decoder or the other, for tests).  `roots`: the parentless
+    spans other than record spans (`rl.run`, `rl.log`, `rl.generations`), which begin trajectories, go to
+    `.roots` instead of `.spans`."""
     if not json_body and (NATIVE if native is None else native):
         try:
-            return _decode_native(body)
+            return _decode_native(body, roots)
         except RecursionError:  # pragma: no cover - C limits nesting itself
             raise DecodeError("attribute values nested too deeply") from None
     req = parse_traces(body, json_body)
     try:
-        return spans_from_request(req)
+        out = spans_from_request(req)
     except RecursionError:  # maps nested beyond Python's recursion limit (protobuf allows 100 levels)
         raise DecodeError("attribute values nested too deeply") from None
+    return _split_roots(out) if roots else out
 
 
 # ----------------------------------------------------------------------------- metrics
@@ -602,7 +662,6 @@ _POINT_FIELDS = {
 
 def summarize_metrics(req: Any) -> MetricsSummary:
     """Counts of an ExportMetricsServiceRequest (the bridge logs and forwards metrics, it does not store them)."""
-    from .. import semconv as sc
 
     out = MetricsSummary()
     for rm in req.resource_metrics:

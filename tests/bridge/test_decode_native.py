@@ -8,7 +8,10 @@ unexpected wire type), and what is not protobuf at all (every truncation and ran
 
 from __future__ import annotations
 
+import dataclasses
 import random
+import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -16,15 +19,20 @@ from hypothesis import strategies as st
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.attributes import BoundedAttributes
+from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, Status, StatusCode
 
+from otel_rl import records
 from otel_rl import semconv as sc
 from otel_rl.bridge import decode
+from otel_rl.bridge.core import Bridge, Settings
 from otel_rl.bridge.decode import DecodeError, decode_traces
 
 from .test_decode import batches, norm
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -310,3 +318,123 @@ def test_siblings_share_their_parent_context_only_when_it_is_the_same():
     assert a.parent is b.parent and a.parent.is_remote
     assert not c.parent.is_remote and c.parent.span_id == a.parent.span_id
     assert d.parent.span_id != c.parent.span_id
+
+
+# ----------------------------------------------------------------------------- record nodes made in C
+
+NODE_VALUES = st.one_of(st.none(), st.text(max_size=8), st.integers(-5, 5), st.floats(allow_nan=False),
+                        st.booleans(), st.lists(st.text(max_size=3), max_size=2).map(tuple))
+
+
+@st.composite
+def node_spans(draw):
+    """Hand-made spans the C node maker takes (the decoder's own statuses, a dict of attributes, no events)
+    or leaves to Python (any other status, events, attributes that are no dict, times that are no int)."""
+    attrs = draw(st.dictionaries(st.text(min_size=1, max_size=6), NODE_VALUES, max_size=4))
+    for key in (sc.RL_SPAN_KIND, sc.RL_OP_INPUTS, sc.RL_OP_OUTPUT):
+        if draw(st.booleans()):
+            attrs[key] = draw(NODE_VALUES)
+    status = draw(st.sampled_from([decode._OK, decode._UNSET, Status(StatusCode.OK), Status(StatusCode.ERROR, "bad")]))
+    events = [Event("e", {"k": 1}, 7)] if draw(st.integers(0, 5)) == 0 else []
+    tid = draw(st.integers(1, 2**128 - 1))
+    parent = SpanContext(tid, draw(st.integers(1, 2**64 - 1)), False) if draw(st.booleans()) else None
+    times = st.one_of(st.none(), st.integers(0, 2**64 - 1), st.just(0.5))
+    start, end = draw(times), draw(times)
+    span = ReadableSpan(draw(st.text(max_size=6)), context=SpanContext(tid, draw(st.integers(1, 2**64 - 1)), False),
+                        parent=parent, attributes=attrs if draw(st.integers(0, 5)) else BoundedAttributes(8, attrs),
+                        events=events, status=status, start_time=start, end_time=end)  # type: ignore[arg-type]
+    if draw(st.booleans()):
+        span._events = ()  # as the C decoder leaves them
+    return span
+
+
+def node_fields(n) -> list:
+    return [(f.name, getattr(n, f.name), type(getattr(n, f.name))) for f in dataclasses.fields(records.SpanNode)]
+
+
+def test_the_bridge_builds_its_nodes_in_c():
+    assert decode.node_maker is not None
+    bridge = Bridge(Settings(http_address=None, grpc_address=None, exporters=("discard",)))
+    try:
+        assert bridge.pipeline._builder._node is decode.node_maker
+    finally:
+        bridge.stop(5)
+
+
+@FAST
+@given(node_spans())
+def test_nodes_made_in_c_equal_the_python_nodes(span):
+    want = records._node(span)
+    got = decode.node_maker(span)
+    assert type(got) is records.SpanNode
+    assert node_fields(got) == node_fields(want)
+    assert got.children == [] and got.children is not want.children
+    assert got.attributes is not span._attributes  # a copy: the span keeps its inputs and outputs
+    assert dict(span.attributes) == dict(span._attributes)
+
+
+@FAST
+@given(batches())
+def test_nodes_of_spans_decoded_in_c_equal_the_python_nodes(batch):
+    for span in decode_traces(encode_spans(batch).SerializeToString(), native=True).spans:
+        got, want = decode.node_maker(span), records._node(span)
+        assert repr(node_fields(got)) == repr(node_fields(want))  # (repr: NaN values compare equal)
+
+
+def test_a_node_keeps_its_own_attributes_and_the_span_its_own():
+    (span,) = decode_traces(request(TID + SID + ld(5, b"op") + ld(9, kv(sc.RL_OP_INPUTS, ld(1, b"in")))
+                                    + ld(9, kv(sc.RL_SPAN_KIND, ld(1, b"llm"))))).spans
+    node = decode.node_maker(span)
+    assert (node.name, node.kind, node.inputs, node.output, node.status, node.parent_id) == \
+        ("op", "llm", "in", None, "UNSET", None)
+    assert node.attributes == {sc.RL_SPAN_KIND: "llm"}
+    assert span.attributes[sc.RL_OP_INPUTS] == "in"  # the span is left as it was
+    node.attributes["x"] = 1
+    assert "x" not in span.attributes
+
+
+def _records_of(builder: records.RecordBuilder, spans) -> list:
+    out = builder.build(spans) + builder.flush_partial()
+    return [repr(dataclasses.asdict(r)) for r in out]
+
+
+def test_the_same_records_with_nodes_made_in_c_or_in_python():
+    """The bridge's builder (C nodes) and the default one, on the benchmark's span mix decoded in C: every record
+    alike, trajectories whole."""
+    import bench_bridge as bb
+
+    spans = []
+    for b in bb.pre_encode(bb.batches(990, "run-c", 128)):
+        spans.extend(decode_traces(b.message.SerializeToString()).spans)
+    got = _records_of(records.RecordBuilder(node=decode.node_maker), spans)
+    assert got == _records_of(records.RecordBuilder(), spans)
+    assert len(got) == 990 // 33 * 9
+
+
+# ----------------------------------------------------------------------------- roots apart
+
+
+@FAST
+@given(batches())
+def test_both_decoders_put_the_same_spans_apart_as_roots(batch):
+    body = encode_spans(batch).SerializeToString()
+    whole = decode_traces(body).spans
+    got = {}
+    for native in (True, False):
+        d = decode_traces(body, native=native, roots=True)
+        assert all(s.parent is None and s.name not in decode._RECORD_NAMES for s in d.roots)
+        assert all(s.parent is not None or s.name in decode._RECORD_NAMES for s in d.spans)
+        got[native] = ([fields_of(s) for s in d.spans], [fields_of(s) for s in d.roots])
+        # each keeps the request's order
+        assert [fields_of(s) for s in whole if s.parent is not None or s.name in decode._RECORD_NAMES] == got[native][0]
+    assert got[True] == got[False]
+
+
+def test_record_spans_without_a_parent_are_not_held_as_roots():
+    body = request(TID + SID + ld(5, sc.SPAN_LOG.encode()) + ld(9, kv(sc.RL_STEP, tag(3, 0) + varint(1))),
+                   TID + ld(2, b"\x02" * 8) + ld(5, b"rollout"),
+                   TID + ld(2, b"\x03" * 8) + ld(4, b"\x02" * 8) + ld(5, b"op"))
+    for native in (True, False):
+        d = decode_traces(body, native=native, roots=True)
+        assert [s.name for s in d.spans] == [sc.SPAN_LOG, "op"]
+        assert [s.name for s in d.roots] == ["rollout"]
