@@ -96,6 +96,8 @@ class Pipeline:
         self._max_items = config.queue_size
         self.dropped = 0
         self._builder = builder if builder is not None else RecordBuilder()
+        # the builder and the queues' order of records: the worker's, or a caller's of `build_now`
+        self._build_lock = threading.Lock()
         self._takeover: Receiver | None = None
         self._resource_attrs = dict(resource.attributes) if resource is not None else {}
         self.decodes = DecodeJobs()  # the tokenizers of token2text jobs that travel with their spans
@@ -175,18 +177,17 @@ class Pipeline:
         if n == self._batch_wake or n == self._defer_max_items:
             self._wake.set()
 
-    def submit_spans(self, spans: Sequence[ReadableSpan]) -> None:
-        """`submit` each of `spans` (received ones: the bridge), in one step while the queue has room for all."""
-        items = self._items
-        n = len(items)
-        m = n + len(spans)
-        if m > self._max_items:
-            for span in spans:
-                self.submit(span)
-            return
-        items.extend(spans)
-        if n < self._batch_wake <= m or n < self._defer_max_items <= m:
-            self._wake.set()
+    def build_now(self, spans: Sequence[ReadableSpan]) -> None:
+        """Records from `spans` (received ones, in order) built on the calling thread and put in the exporters'
+        queues, instead of by the worker: the bridge builds a request's spans on the thread that decoded
+        them, while they are in that core's cache, with no hand-over to another thread.  The queues are not
+        waited on here (`DeliveryQueue.wait_room`): a caller refuses new work while they are behind, as the
+        bridge does.  An error is logged, never raised (the caller is answering a sender)."""
+        try:
+            with self._build_lock:
+                self._handle_spans(list(spans), [], wait=False)
+        except Exception:
+            _log.exception("otel-rl: error while building records")
 
     @staticmethod
     def _kind(item: Any) -> str:
@@ -327,7 +328,8 @@ class Pipeline:
                 _log.exception("otel-rl: pipeline worker error")
             if self._stopping and not self._items and not self._overflow_left():
                 try:
-                    self._process(self._builder.flush_partial(), [])
+                    with self._build_lock:
+                        self._process(self._builder.flush_partial(), [])
                     if self._takeover is not None:
                         self._takeover.flush_partial()
                 except Exception:
@@ -377,7 +379,7 @@ class Pipeline:
                     item = items.popleft()  # (what `_next_item` gives while no overflow is being read)
                     self._queue_turn -= 1
                     if type(item) is ReadableSpan:
-                        spans.append(item)  # received spans (the bridge)
+                        spans.append(item)  # (an SDK span: one that other tracers ended)
                         continue
                 else:
                     item = self._next_item()
@@ -410,12 +412,13 @@ class Pipeline:
                     break  # what came before is not for the new exporter
                 elif type(item) is OverflowStart:
                     self._ovf_ready = True
-            self._handle_spans(spans, stats)
-            if routed is not None:
-                self._process(self._builder.build([routed[0]]), [routed[0]], (), routed[1])
-                others = self.others
-                if others is not None and others.active:
-                    others.on_end([routed[0]])
+            with self._build_lock:
+                self._handle_spans(spans, stats)
+                if routed is not None:
+                    self._process(self._builder.build([routed[0]]), [routed[0]], (), routed[1])
+                    others = self.others
+                    if others is not None and others.active:
+                        others.on_end([routed[0]])
             if added is not None:
                 self.queues = self.queues + [added.queue]  # a new list: flush() may be iterating the old one
             self._held.extend(markers)
@@ -447,7 +450,7 @@ class Pipeline:
             others.on_start(span)
         return span
 
-    def _handle_spans(self, spans: list, stats: list) -> None:
+    def _handle_spans(self, spans: list, stats: list, wait: bool = True) -> None:
         """Records from the spans of one batch, for the exporters here; the spans themselves, packed, for
         the export process (or the queues that took over from it), which builds its trajectories.  A span
         is materialised before anything here reads it; those that travel only are materialised there."""
@@ -477,7 +480,7 @@ class Pipeline:
         else:
             out = [s for s in spans if is_record_span(s)]  # the record spans
             records = self._builder.build(out)
-        self._process(records, out, stats, wire=wire)
+        self._process(records, out, stats, wire=wire, wait=wait)
 
     def _ship(self) -> bool:
         """Whether the spans go, packed, to exporters that build their trajectories elsewhere."""
@@ -502,6 +505,7 @@ class Pipeline:
         stats: Sequence[TrajectoryStat] = (),
         only: frozenset[str] | None = None,
         wire: list | None = None,
+        wait: bool = True,
     ) -> None:
         if self.instruments is not None:
             try:
@@ -530,7 +534,7 @@ class Pipeline:
             exp = q.exporter
             recs = records_for(exp, records) if exp.wants_records or exp.wants_trajectories else []
             q.put(list(spans) if exp.wants_spans else [], recs)
-            if recs:
+            if recs and wait:
                 q.wait_room()  # records are not dropped: a queue over its bound holds the pipeline back
 
 

@@ -109,7 +109,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=float,
         default=0.2,
         metavar="SECONDS",
-        help="pipeline batching delay (default %(default)s)",
+        help="how often the pipeline's worker looks for flushes and shutdown (default %(default)s); received "
+        "spans are built into records as their request arrives",
     )
     g.add_argument(
         "--forward-endpoint",

@@ -1,25 +1,28 @@
 """The bridge: OTLP in, the tracker exporters out, through the same pipeline as the in-process path.
 
-    OTLP/HTTP ─┐                              ┌─► DeliveryQueue(mlflow)  ──► MlflowExporter
-    OTLP/gRPC ─┴─► decode ─► Pipeline worker ─┼─► DeliveryQueue(wandb)   ──► WandbExporter
-                 (ReadableSpans) RecordBuilder └─► DeliveryQueue(swanlab) ──► SwanlabExporter
+    OTLP/HTTP ─┐                                      ┌─► DeliveryQueue(mlflow)  ──► MlflowExporter
+    OTLP/gRPC ─┴─► decode ─► RecordBuilder (Pipeline) ─┼─► DeliveryQueue(wandb)   ──► WandbExporter
+                 (ReadableSpans)  ▲                   └─► DeliveryQueue(swanlab) ──► SwanlabExporter
+                 └─► root spans ──┘ after root_grace_s
                └─► DeliveryQueue(forward) ──► another OTLP endpoint (raw bodies)
 
 Received spans become records in `otel_rl._pipeline.Pipeline` (the `RecordBuilder` and one
 `DeliveryQueue` per exporter, retries with backoff), so a tracker gets exactly what it would
 get in the trainer's process.  Records carry their run identity (resource attributes
 ``rl.project.name``, ``rl.experiment.name``, ``rl.run.id``) and the tracker exporters keep one
-tracker run per identity, so one bridge serves any number of trainers.
+tracker run per identity, so one bridge serves any number of trainers.  A request's spans are
+built on the thread that received and decoded them (`Pipeline.build_now`), while they are still
+in that core's cache: handing them to the pipeline's worker thread cost more than building them.
 
 Spans may arrive out of order behind a Collector (its batches are sent by several consumers):
 the `RecordBuilder` closes a trajectory when its root span arrives, so a child arriving after
 its root would be left out.  Root spans are therefore held for ``root_grace_s`` (1 s) before they
-go into the pipeline; children that arrive within that time are part of the trajectory.
+go into the builder; children that arrive within that time are part of the trajectory.
 
-A request is acknowledged once its spans are in the pipeline's memory queue.  When an exporter
-falls behind (its queue reaches `BUSY_FRACTION` of ``queue_size``) requests are refused with a
-retryable status (HTTP 503 / gRPC UNAVAILABLE) so the senders keep their data and retry,
-instead of the bridge dropping it.
+A request is acknowledged once its spans are records in the exporters' memory queues (its root
+spans: held in memory).  When an exporter falls behind (its queue reaches `BUSY_FRACTION` of
+``queue_size``) requests are refused with a retryable status (HTTP 503 / gRPC UNAVAILABLE) so the
+senders keep their data and retry, instead of the bridge dropping it.
 """
 
 from __future__ import annotations
@@ -189,7 +192,8 @@ class RootHold:
                     return
                 self._held.append((due, roots))
                 self._count += len(roots)
-                self._cond.notify()
+                if len(self._held) == 1:  # (otherwise the thread is waiting for an earlier one)
+                    self._cond.notify()
 
     def _run(self) -> None:
         while True:
@@ -262,7 +266,7 @@ class Bridge:
             InstrumentationScope("otel_rl.bridge", __version__),
             builder=builder,
         )
-        self.roots = RootHold(self.pipeline.submit_spans, settings.root_grace_s) if settings.root_grace_s > 0 else None
+        self.roots = RootHold(self.pipeline.build_now, settings.root_grace_s) if settings.root_grace_s > 0 else None
         self.forward: DeliveryQueue | None = None
         if settings.forward_endpoint:
             fwd = ForwardExporter(settings.forward_endpoint, settings.forward_headers)
@@ -430,7 +434,7 @@ class Bridge:
             if roots is not None:
                 roots.add(decoded.spans, decoded.roots)
             else:
-                self.pipeline.submit_spans(decoded.spans)
+                self.pipeline.build_now(decoded.spans)
             accepted = len(decoded.spans) + len(decoded.roots)
             self.counters.add(self.counters.spans, (transport, "accepted", ""), accepted)
             for reason, n in decoded.reasons.items():

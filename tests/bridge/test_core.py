@@ -172,3 +172,34 @@ def test_the_bridge_makes_the_same_records_with_either_decoder(native, monkeypat
     assert t.run == RunIdentity("p", "e", "r")
     (m,) = cap.of_type(StepMetrics)
     assert (m.step, m.values) == (4, {"loss": 0.5})
+
+
+def test_a_request_is_built_into_records_before_it_is_answered_and_a_builder_error_refuses_nothing(caplog):
+    """The bridge builds a request's spans on the thread that decoded them (no hand-over to the pipeline's
+    worker, whose next look is `batch_delay_s` away); an error while building is logged, the request is still
+    accepted and the next ones are built."""
+    cap = CaptureExporter()
+    b = Bridge(Settings(http_address=("127.0.0.1", 0), grpc_address=None, batch_delay_s=30.0, root_grace_s=0.0),
+               exporters=[cap]).start()
+    builder = b.pipeline._builder
+    real = builder.build
+
+    def build(spans):
+        if any(s.name == "boom" for s in spans):
+            raise RuntimeError("boom")
+        return real(spans)
+
+    builder.build = build
+    try:
+        boom = ReadableSpan("boom", context=SpanContext(0x77, 7, False, F), resource=RES, start_time=1, end_time=2)
+        assert _post(b.http.port, [boom]) == 200
+        assert "error while building records" in caplog.text
+        root, kids = _trajectory(0xFED)
+        assert _post(b.http.port, [*kids, root]) == 200
+        deadline = time.monotonic() + 5
+        while not cap.of_type(Trajectory) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        (t,) = cap.of_type(Trajectory)  # long before the worker's next look
+        assert t.complete and [n.name for n in t.root.children] == ["op0", "op1", "op2"]
+    finally:
+        b.stop(30)
