@@ -461,8 +461,8 @@ def main() -> int:
         print(f"   acknowledged:                                       {r['ack_rate']:>9,.0f} spans/s")
         for delay in (0.2, 0.05):
             lat = latency(steps, delay, tmp)
-            print(f"\n4. latency span end -> in MLflow, batch delay {delay}s in trainer and bridge "
-                  f"({lat['n']} steps, one per 100 ms)")
+            print(f"\n4. latency span end -> in MLflow, batch delay {delay}s in the trainer (the bridge builds "
+                  f"as requests arrive; {lat['n']} steps, one per 100 ms)")
             print(f"   p50 {lat['p50'] * 1000:.0f} ms   p95 {lat['p95'] * 1000:.0f} ms   max {lat['max'] * 1000:.0f} ms")
     return 0
 

@@ -8,8 +8,8 @@ Every process is a real one on 127.0.0.1, in the topology tests/deploy/test_coll
 (its helpers start them): `otelcol-rl` with deploy/collector/agent.yaml (OTLP in, disk queue, OTLP/gRPC out),
 one gateway with gateway.yaml + gateway-sharded.yaml (disk queue, `load_balancing` by `rl.run.id`) and two
 `otel-rl bridge --exporters mlflow --trace-backend mlflow` replicas, each with its own MLflow sqlite store,
-bearer token as deploy/ configures it.  Default settings everywhere (trainer batch delay 0.5 s, bridge 0.2 s,
-root grace 1 s).  Which bridge a run lands on is the gateway's hash of its run id.
+bearer token as deploy/ configures it.  Default settings everywhere (trainer batch delay 0.5 s, bridge root
+grace 1 s; the bridge builds records as requests arrive).  Which bridge a run lands on is the gateway's hash of its run id.
 
 Each trainer process (`otel_rl.init(exporters=["otlp"])`, OTLP/HTTP to the agent, its own run id) offers its
 share of the given rate (trajectories/s, all trainers together) for the given time: per training step an
